@@ -1,0 +1,188 @@
+"""Filesystem semantics over one backend: the cache layers, coalescing and call accounting.
+
+Every backend call of a mount goes through :class:`Catalog`, so caching, single-flight and
+metrics behave identically for all backends. Paths are catalog paths (see
+:mod:`rucio_fs.backend`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from typing import Any, TypeVar
+
+import trio
+
+from .backend import Backend, Entry, Kind
+from .caches import CacheLayer, Listing, byte_cache, ttl_cache
+from .config import CacheConfig
+from .errors import IntegrityError, NotADirectory, NotFound, RucioFsError, Unavailable
+from .singleflight import SingleFlight
+from .stats import Stats, errno_name
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LAYERS = ("kernel", "metadata", "listing", "data")
+
+#: Cached in the metadata layer for a path that does not exist (a negative entry).
+_MISSING = Entry(name="", kind=Kind.FILE)
+
+
+def child_path(parent: str, name: str) -> str:
+    return "/" + name if parent == "/" else f"{parent}/{name}"
+
+
+def split_path(path: str) -> tuple[str, str]:
+    parent, _, name = path.rpartition("/")
+    return parent or "/", name
+
+
+def content_version(entry: Entry) -> str:
+    """What identifies a file's bytes: the backend's version, else size and mtime."""
+    return entry.version or f"{entry.size}@{entry.mtime_ns}"
+
+
+class Catalog:
+    """Cached, coalesced, measured access to a backend's namespace and data."""
+
+    def __init__(self, backend: Backend, config: CacheConfig, stats: Stats) -> None:
+        self.backend = backend
+        self.config = config
+        self.stats = stats
+
+        def metadata_ttl(entry: Entry) -> float:
+            if entry is _MISSING:
+                return config.negative_ttl
+            return config.immutable_ttl if entry.immutable else config.metadata_ttl
+
+        self.metadata: CacheLayer[Entry] = CacheLayer(
+            "metadata", config.metadata,
+            ttl_cache(config.metadata_max_entries, metadata_ttl), stats)
+        self.listing: CacheLayer[Listing] = CacheLayer(
+            "listing", config.listing,
+            ttl_cache(config.listing_max_entries, lambda _l: config.listing_ttl,
+                      getsizeof=lambda listing: len(listing) + 1), stats)
+        self.data: CacheLayer[bytes] = CacheLayer(
+            "data", config.data, byte_cache(config.data_max_bytes), stats)
+        self._flight = SingleFlight(config.coalescing, stats.coalesced)
+
+    async def _call(self, call: str, key: Hashable, fn: Callable[[], Awaitable[T]]) -> T:
+        """One (possibly shared) backend call, counted and timed under ``call``."""
+        return await self._flight.run((call, key), lambda: self._timed(call, fn))
+
+    async def _timed(self, call: str, fn: Callable[[], Awaitable[T]]) -> T:
+        op = self.stats.backend_call(call)
+        start = time.perf_counter_ns()
+        try:
+            return await fn()
+        except RucioFsError as exc:
+            op.errors[errno_name(exc.errno)] += 1
+            raise
+        except (trio.Cancelled, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            # A backend bug must not take the mount down: it becomes EIO with one log line.
+            op.errors["EIO"] += 1
+            log.exception("backend %s call failed unexpectedly", call)
+            raise Unavailable(f"backend {call} failed: {exc!r}") from exc
+        finally:
+            op.latency.add(time.perf_counter_ns() - start)
+
+    async def stat(self, path: str) -> Entry:
+        """Attributes of ``path``: metadata cache, then the parent's cached listing, then stat."""
+        entry = self.metadata.get(path)
+        if entry is None and path != "/":
+            parent, name = split_path(path)
+            listing = self.listing.get(parent)
+            if listing is not None:
+                entry = listing.by_name.get(name, _MISSING)
+        if entry is None:
+            try:
+                entry = await self._call("stat", path, lambda: self.backend.stat(path))
+            except NotFound:
+                self.metadata.put(path, _MISSING)
+                raise
+            self.metadata.put(path, entry)
+        if entry is _MISSING:
+            raise NotFound(path)
+        return entry
+
+    async def list(self, path: str) -> Listing:
+        """The complete listing of directory ``path``."""
+        listing = self.listing.get(path)
+        if listing is not None:
+            return listing
+
+        async def fetch() -> Listing:
+            return Listing([entry async for entry in self.backend.list(path)])
+
+        listing = await self._call("list", path, fetch)
+        if listing.rejected:
+            self.stats.events["listing_names_rejected"] += listing.rejected
+            log.warning("%s: %d entries with unusable or duplicate names left out",
+                        path, listing.rejected)
+        self.stats.events["listed_entries"] += len(listing)
+        self.listing.put(path, listing)
+        return listing
+
+    async def open(self, path: str, entry: Entry) -> Any:
+        if entry.is_dir:
+            raise NotADirectory(path)
+        return await self._timed("open", lambda: self.backend.open(path, entry))
+
+    async def close(self, handle: Any) -> None:
+        await self._timed("close", lambda: self.backend.close(handle))
+
+    async def xattrs(self, path: str, entry: Entry) -> dict[str, bytes]:
+        return dict(await self._call("xattrs", path, lambda: self.backend.xattrs(path, entry)))
+
+    async def read(self, path: str, entry: Entry, handle: Any, offset: int, size: int) -> bytes:
+        """Bytes ``[offset, offset+size)`` of a file (clamped to its size) via the data layer."""
+        size = min(size, entry.size - offset)
+        if size <= 0:
+            return b""
+        version = content_version(entry)
+        if not self.data.enabled:
+            return await self._fetch(handle, (path, version, offset, size), offset, size)
+        block_size = self.config.block_size
+        first, last = offset // block_size, (offset + size - 1) // block_size
+        if first == last:
+            block = await self._block(path, version, entry, handle, first)
+            start = offset - first * block_size
+            return block[start:start + size]
+        parts = []
+        for index in range(first, last + 1):
+            block = await self._block(path, version, entry, handle, index)
+            lo = max(offset - index * block_size, 0)
+            hi = min(offset + size - index * block_size, len(block))
+            parts.append(memoryview(block)[lo:hi])
+        return b"".join(parts)
+
+    async def _block(self, path: str, version: str, entry: Entry, handle: Any,
+                     index: int) -> bytes:
+        key = (path, version, index)
+        block = self.data.get(key)
+        if block is None:
+            start = index * self.config.block_size
+            length = min(self.config.block_size, entry.size - start)
+            block = await self._fetch(handle, key, start, length)
+            self.data.put(key, block)
+        return block
+
+    async def _fetch(self, handle: Any, key: Hashable, offset: int, size: int) -> bytes:
+        async def fetch() -> bytes:
+            data = await self.backend.read(handle, offset, size)
+            self.stats.backend_call("read").bytes += len(data)
+            if len(data) != size:
+                raise IntegrityError(f"backend returned {len(data)} of {size} bytes at {offset}")
+            return data
+
+        return await self._call("read", key, fetch)
+
+    def drop(self, layers: Iterable[str]) -> None:
+        """Empty the named user-space layers (the kernel layer is the FUSE layer's job)."""
+        for layer in layers:
+            if layer in ("metadata", "listing", "data"):
+                getattr(self, layer).drop()

@@ -1,0 +1,190 @@
+"""The ``rucio-fs`` command line. Errors are one line on stderr and a non-zero exit code:
+2 for usage errors, 1 for everything else, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from . import __version__, control, report
+from .catalog import LAYERS
+from .config import CacheConfig, parse_duration, parse_size
+from .daemon import MountRequest
+from .daemon import mount as do_mount
+from .daemon import unmount as do_unmount
+from .errors import InvalidInput, RucioFsError
+from .registry import available
+
+
+class _Duration(click.ParamType):
+    name = "duration"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            return value if isinstance(value, float) else parse_duration(value)
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class _Size(click.ParamType):
+    name = "size"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        try:
+            return value if isinstance(value, int) else parse_size(value)
+        except InvalidInput as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION, SIZE = _Duration(), _Size()
+DEFAULTS = CacheConfig()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="rucio-fs")
+def cli() -> None:
+    """Mount data catalogs (Rucio, iRODS, S3, ...) as ordinary directories."""
+
+
+@cli.command()
+@click.argument("url")
+@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground (log to stderr).")
+@click.option("--debug", is_flag=True, help="Debug logging (and libfuse debug output).")
+@click.option("--allow-other", is_flag=True, help="Let other users access the mount.")
+@click.option("--log-file", type=click.Path(dir_okay=False),
+              help="Daemon log (default: <runtime dir>/mount-<pid>.log).")
+@click.option("--cold", is_flag=True, help="Turn every cache layer off.")
+@click.option("--no-kernel-cache", is_flag=True,
+              help="Kernel entry/attr/negative timeouts 0, no page cache across opens.")
+@click.option("--no-metadata-cache", is_flag=True, help="No stat-result cache.")
+@click.option("--no-listing-cache", is_flag=True, help="No directory-listing cache.")
+@click.option("--no-data-cache", is_flag=True, help="No in-memory data block cache.")
+@click.option("--no-coalescing", is_flag=True,
+              help="Every caller makes its own backend call (naive behaviour).")
+@click.option("--kernel-ttl", type=DURATION, default=DEFAULTS.kernel_ttl, show_default=True,
+              help="Kernel entry/attribute timeout for mutable entries.")
+@click.option("--immutable-ttl", type=DURATION, default=DEFAULTS.immutable_ttl,
+              show_default=True, help="Attribute/metadata TTL of immutable files.")
+@click.option("--negative-ttl", type=DURATION, default=DEFAULTS.negative_ttl, show_default=True,
+              help="How long a missing name is remembered (kernel and metadata layer).")
+@click.option("--metadata-ttl", type=DURATION, default=DEFAULTS.metadata_ttl, show_default=True)
+@click.option("--metadata-max-entries", type=int, default=DEFAULTS.metadata_max_entries,
+              show_default=True)
+@click.option("--listing-ttl", type=DURATION, default=DEFAULTS.listing_ttl, show_default=True)
+@click.option("--listing-max-entries", type=int, default=DEFAULTS.listing_max_entries,
+              show_default=True, help="Bound on the entries of all cached listings together.")
+@click.option("--data-cache-size", type=SIZE, default=DEFAULTS.data_max_bytes,
+              show_default=True, help="Byte budget of the in-memory data block cache.")
+@click.option("--block-size", type=SIZE, default=DEFAULTS.block_size, show_default=True,
+              help="Data cache block size.")
+@click.option("--attr-window", type=DURATION, default=DEFAULTS.attr_window, show_default=True,
+              help="How long just-fetched attributes answer follow-up lookups (0: re-stat).")
+@click.option("--xattrs/--no-xattrs", default=False, show_default=True,
+              help="Expose checksums and metadata as user.* xattrs. Off by default: `ls -l` "
+                   "asks two xattrs per file, each a FUSE round trip.")
+@click.option("--max-tasks", type=click.IntRange(1, 10_000), default=256, show_default=True,
+              help="Most FUSE requests served concurrently.")
+def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other: bool,
+          log_file: str | None, cold: bool, no_kernel_cache: bool, no_metadata_cache: bool,
+          no_listing_cache: bool, no_data_cache: bool, no_coalescing: bool, kernel_ttl: float,
+          immutable_ttl: float, negative_ttl: float, metadata_ttl: float,
+          metadata_max_entries: int, listing_ttl: float, listing_max_entries: int,
+          data_cache_size: int, block_size: int, attr_window: float, xattrs: bool,
+          max_tasks: int) -> int:
+    """Mount the catalog at URL (demo://, ...) on MOUNTPOINT.
+
+    Returns once the mount is ready, leaving the daemon in the background (unless -f).
+    """
+    cache = CacheConfig(
+        kernel=not (cold or no_kernel_cache), metadata=not (cold or no_metadata_cache),
+        listing=not (cold or no_listing_cache), data=not (cold or no_data_cache),
+        coalescing=not no_coalescing, kernel_ttl=kernel_ttl, immutable_ttl=immutable_ttl,
+        negative_ttl=negative_ttl, metadata_ttl=metadata_ttl,
+        metadata_max_entries=metadata_max_entries, listing_ttl=listing_ttl,
+        listing_max_entries=listing_max_entries, data_max_bytes=data_cache_size,
+        block_size=block_size, attr_window=attr_window).check()
+    return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
+                                 log_file, max_tasks, xattrs))
+
+
+@cli.command()
+@click.argument("mountpoint")
+def unmount(mountpoint: str) -> None:
+    """Unmount MOUNTPOINT and wait for its daemon to exit."""
+    do_unmount(mountpoint)
+
+
+@cli.group()
+def cache() -> None:
+    """Cache control of a live mount."""
+
+
+@cache.command("drop")
+@click.argument("mountpoint")
+@click.option("--layer", "layers", multiple=True, type=click.Choice([*LAYERS, "all"]),
+              help="Layer to drop (repeatable; default: all, the kernel's included).")
+def cache_drop(mountpoint: str, layers: tuple[str, ...]) -> None:
+    """Drop cached data of a live mount so the next access is cold."""
+    chosen = list(LAYERS) if not layers or "all" in layers else list(layers)
+    result = control.request(mountpoint, "drop", layers=chosen)
+    click.echo(f"dropped {', '.join(result['layers'])}"
+               + (f" ({result['kernel_inodes_invalidated']} kernel inodes invalidated)"
+                  if "kernel" in result["layers"] else ""))
+
+
+@cli.command(context_settings={"ignore_unknown_options": False})
+@click.argument("args", nargs=-1, required=True)
+@click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="table",
+              show_default=True)
+@click.option("--reset", is_flag=True, help="Zero the counters after reading them.")
+@click.option("--all", "everything", is_flag=True, help="diff: list unchanged metrics too.")
+def stats(args: tuple[str, ...], fmt: str, reset: bool, everything: bool) -> None:
+    """Counters and latency histograms of a mount.
+
+    \b
+    rucio-fs stats MOUNTPOINT [--format table|csv|json|prometheus] [--reset]
+    rucio-fs stats diff A.csv B.csv
+    """
+    if args[0] == "diff":
+        if len(args) != 3:
+            raise click.UsageError("stats diff takes two CSV files: stats diff A.csv B.csv")
+        click.echo(report.diff(args[1], args[2], everything))
+        return
+    if len(args) != 1:
+        raise click.UsageError("stats takes one MOUNTPOINT (or: stats diff A.csv B.csv)")
+    click.echo(report.render(control.request(args[0], "stats", reset=reset), fmt))
+
+
+@cli.command()
+def backends() -> None:
+    """List the installed backends (entry-point group rucio_fs.backends)."""
+    for scheme, ep in sorted(available().items()):
+        try:
+            cls = ep.load()
+            line = f"{scheme + '://':<12} {ep.value:<45} {getattr(cls, 'description', '')}"
+        except Exception as exc:
+            line = f"{scheme + '://':<12} {ep.value:<45} (fails to load: {exc})"
+        click.echo(line.rstrip())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: click without its multi-line error output."""
+    try:
+        code = cli.main(args=argv, prog_name="rucio-fs", standalone_mode=False)
+    except click.ClickException as exc:
+        click.echo(f"rucio-fs: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("rucio-fs: aborted", err=True)
+        sys.exit(130)
+    except RucioFsError as exc:
+        click.echo(f"rucio-fs: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,84 @@
+"""Mount configuration: every cache layer's switch, TTL and size, parsed once at mount time."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from .errors import InvalidInput
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s|m|h)?\s*$")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_duration(text: str) -> float:
+    """``"20ms"`` → 0.02 seconds; a bare number is seconds. InvalidInput otherwise."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise InvalidInput(f"invalid duration {text!r} (examples: 0, 1.5, 20ms, 5m)")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
+
+
+def parse_size(text: str) -> int:
+    """``"256M"``/``"256MiB"`` → bytes (binary units); a bare number is bytes."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise InvalidInput(f"invalid size {text!r} (examples: 4096, 64K, 256M, 2G)")
+    unit = (match.group(2) or "").lower().rstrip("b").rstrip("i")
+    if unit not in _SIZE_UNITS:
+        raise InvalidInput(f"invalid size unit in {text!r}")
+    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Which cache layers are on, and their bounds. ``cold()`` turns every layer off.
+
+    Layers: kernel (entry/attr/negative timeouts, page cache across opens), metadata (stat
+    results), listing (whole directory listings), data (blocks in memory), plus coalescing of
+    concurrent identical backend calls. ``attr_window`` is not a cache layer: attributes a
+    listing or stat just returned answer the kernel's follow-up lookup/getattr for that long, so
+    one ``ls -l`` costs one listing even with every layer off (0 reproduces per-entry stats).
+    """
+
+    kernel: bool = True
+    metadata: bool = True
+    listing: bool = True
+    data: bool = True
+    coalescing: bool = True
+    kernel_ttl: float = 1.0
+    immutable_ttl: float = 3600.0
+    negative_ttl: float = 1.0
+    metadata_ttl: float = 60.0
+    metadata_max_entries: int = 500_000
+    listing_ttl: float = 60.0
+    listing_max_entries: int = 2_000_000
+    data_max_bytes: int = 256 << 20
+    block_size: int = 1 << 20
+    attr_window: float = 1.0
+
+    def cold(self) -> CacheConfig:
+        return self.replace(kernel=False, metadata=False, listing=False, data=False)
+
+    def replace(self, **changes: object) -> CacheConfig:
+        values = asdict(self)
+        values.update(changes)
+        return CacheConfig(**values)  # type: ignore[arg-type]
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+    def check(self) -> CacheConfig:
+        """Reject values that cannot work; returns self so it chains."""
+        for name in ("kernel_ttl", "immutable_ttl", "negative_ttl", "metadata_ttl",
+                     "listing_ttl", "attr_window"):
+            if getattr(self, name) < 0:
+                raise InvalidInput(f"{name.replace('_', '-')} must not be negative")
+        if not 4096 <= self.block_size <= 64 << 20 or self.block_size & (self.block_size - 1):
+            raise InvalidInput("block-size must be a power of two between 4K and 64M")
+        for name in ("metadata_max_entries", "listing_max_entries", "data_max_bytes"):
+            if getattr(self, name) < 1:
+                raise InvalidInput(f"{name.replace('_', '-')} must be positive")
+        return self

@@ -1,0 +1,265 @@
+"""Mount lifecycle: check the request, fork into the background, mount, serve, unmount.
+
+Everything that can be wrong with a mount request (URL, mountpoint, /dev/fuse, an unreachable
+catalog) is found before or while mounting and reported to the invoking process as one line;
+nothing stays mounted after a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import trio
+
+from . import __version__, control
+from .backend import Backend, Capability
+from .catalog import LAYERS, Catalog
+from .config import CacheConfig
+from .errors import InvalidInput, NotADirectory, RucioFsError, Unavailable
+from .fs import RucioFs
+from .mounts import find_mount, require_rucio_fs, runtime_dir, socket_path
+from .registry import open_backend
+from .stats import Stats
+
+log = logging.getLogger("rucio_fs")
+
+
+@dataclass
+class MountRequest:
+    url: str
+    mountpoint: str
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    foreground: bool = False
+    debug: bool = False
+    allow_other: bool = False
+    log_file: str | None = None
+    max_tasks: int = 256
+    xattrs: bool = False
+
+
+def check_mountpoint(mountpoint: str) -> str:
+    """The absolute mountpoint, or InvalidInput naming what is wrong with it."""
+    path = os.path.abspath(mountpoint)
+    if not os.path.exists(path):
+        raise InvalidInput(f"mountpoint {mountpoint} does not exist")
+    if not os.path.isdir(path):
+        raise InvalidInput(f"mountpoint {mountpoint} is not a directory")
+    mount = find_mount(path)
+    if mount is not None:
+        raise InvalidInput(f"{mountpoint} is already a mountpoint ({mount.fstype})")
+    if os.listdir(path):
+        raise InvalidInput(f"mountpoint {mountpoint} is not empty")
+    if not os.path.exists("/dev/fuse"):
+        raise InvalidInput("/dev/fuse is missing (load the fuse module or pass --device /dev/fuse)")
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        raise InvalidInput("no permission to open /dev/fuse")
+    return path
+
+
+def mount(req: MountRequest) -> int:
+    """Mount as requested; returns the process exit code. Background: returns once mounted."""
+    backend = open_backend(req.url)
+    req.mountpoint = check_mountpoint(req.mountpoint)
+    if req.foreground:
+        _setup_logging(req, sys.stderr)
+        return _run(req, backend, ready_fd=None)
+
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the daemon
+        os.close(read_fd)
+        code = 1
+        try:
+            os.setsid()
+            log_path = req.log_file or str(runtime_dir() / f"mount-{os.getpid()}.log")
+            Path(log_path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            log_stream = open(log_path, "a", buffering=1)  # noqa: SIM115 - lives as long as we do
+            devnull = os.open(os.devnull, os.O_RDWR)
+            os.dup2(devnull, 0)
+            os.dup2(log_stream.fileno(), 1)
+            os.dup2(log_stream.fileno(), 2)
+            _setup_logging(req, log_stream)
+            code = _run(req, backend, ready_fd=write_fd)
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    return _wait_ready(read_fd, pid)
+
+
+def _wait_ready(read_fd: int, pid: int) -> int:
+    with os.fdopen(read_fd, "rb") as pipe:
+        message = pipe.read().decode(errors="replace").strip()
+    if message == "ok":
+        return 0
+    if not message:
+        _, status = os.waitpid(pid, 0)
+        message = f"the mount daemon exited before mounting (status {status})"
+    print(f"rucio-fs: {message}", file=sys.stderr)
+    return 1
+
+
+def _setup_logging(req: MountRequest, stream: Any) -> None:
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG if req.debug else logging.INFO)
+
+
+def _report(ready_fd: int | None, message: str) -> None:
+    if ready_fd is not None:
+        os.write(ready_fd, message.encode() + b"\n")
+        os.close(ready_fd)
+    elif message != "ok":
+        print(f"rucio-fs: {message}", file=sys.stderr)
+
+
+def _run(req: MountRequest, backend: Backend, ready_fd: int | None) -> int:
+    state: dict[str, int | None] = {"ready_fd": ready_fd}
+    try:
+        trio.run(_serve, req, backend, state)
+    except RucioFsError as exc:
+        if state["ready_fd"] is None and ready_fd is not None:
+            log.error("%s", exc)  # already mounted: the invoking process is gone
+        else:
+            _report(state["ready_fd"], str(exc))
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        log.exception("mount daemon failed")
+        if state["ready_fd"] is not None:
+            _report(state["ready_fd"], f"mount failed: {exc!r}")
+        return 1
+    return 0
+
+
+async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | None]) -> None:
+    try:
+        with trio.fail_after(120):
+            await backend.start()
+            root = await backend.stat("/")
+    except trio.TooSlowError:
+        raise Unavailable(f"{req.url}: the catalog did not answer within 120 s") from None
+    if not root.is_dir:
+        raise NotADirectory(f"{req.url}: the catalog root is not a directory")
+
+    stats = Stats()
+    catalog = Catalog(backend, req.cache, stats)
+    ops = RucioFs(catalog, root, req.cache, stats, xattrs=req.xattrs)
+    options = set(pyfuse3.default_options)
+    options.discard("default_permissions")
+    options |= {f"fsname={_fsname(req.url)}", "subtype=rucio-fs", "default_permissions"}
+    if not backend.capabilities & Capability.WRITE:
+        options.add("ro")
+    if req.allow_other:
+        options.add("allow_other")
+    if req.debug:
+        options.add("debug")
+    try:
+        pyfuse3.init(ops, req.mountpoint, options)
+    except RuntimeError as exc:
+        raise InvalidInput(f"cannot mount on {req.mountpoint}: {exc}") from None
+    unmount = True
+    try:
+        info = find_mount(req.mountpoint)
+        minor = info.minor if info else -1
+        stats.static.update({
+            "version": __version__, "pid": os.getpid(), "url": req.url,
+            "mountpoint": req.mountpoint, "backend": backend.scheme,
+            "config": req.cache.as_dict(),
+            "kernel": {"fuse_connection": minor, "max_tasks": req.max_tasks,
+                       "xattrs": req.xattrs},
+        })
+        handler = _control_handler(ops, stats, req)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(control.serve, socket_path(minor), handler)
+            nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
+            log.info("mounted %s on %s (fuse connection %d)", req.url, req.mountpoint, minor)
+            _report(state["ready_fd"], "ok")
+            state["ready_fd"] = None
+            await pyfuse3.main(min_tasks=4, max_tasks=req.max_tasks)
+            # main() returns when the kernel ended the session (fusermount -u): already gone.
+            unmount = False
+            nursery.cancel_scope.cancel()
+    finally:
+        pyfuse3.close(unmount=unmount)
+        await backend.aclose()
+        log.info("unmounted %s", req.mountpoint)
+
+
+async def _stop_on_signal(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("received %s, unmounting", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+def _fsname(url: str) -> str:
+    # fsname shows in `mount` and `df`; commas would split the option string.
+    return url.replace(",", "%2C").replace(" ", "%20") or "rucio-fs"
+
+
+def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.Handler:
+    live = {
+        "backend_counters": lambda: dict(ops.catalog.backend.counters()),
+        "inodes": lambda: {"known": len(ops.inodes)},
+        "sizes": lambda: {"metadata_entries": len(ops.catalog.metadata),
+                          "listing_entries": ops.catalog.listing.currsize,
+                          "data_bytes": ops.catalog.data.currsize},
+    }
+
+    async def handle(message: dict[str, Any]) -> Any:
+        op = message["op"]
+        if op == "info":
+            return {key: stats.static[key] for key in ("pid", "url", "mountpoint", "version")}
+        if op == "stats":
+            snap = stats.snapshot(live)
+            if message.get("reset"):
+                stats.reset()
+            return snap
+        if op == "drop":
+            layers = message.get("layers") or list(LAYERS)
+            unknown = set(layers) - set(LAYERS)
+            if unknown:
+                raise InvalidInput(f"unknown cache layer(s): {', '.join(sorted(unknown))}")
+            ops.drop_caches(layers)
+            invalidated = await ops.drop_kernel_cache() if "kernel" in layers else 0
+            return {"layers": layers, "kernel_inodes_invalidated": invalidated}
+        raise InvalidInput(f"unknown control op {op!r}")
+
+    return handle
+
+
+def unmount(mountpoint: str, timeout: float = 30.0) -> None:
+    """Unmount a rucio-fs mount and wait for its daemon to exit."""
+    mountpoint = os.path.abspath(mountpoint)
+    require_rucio_fs(mountpoint)
+    try:
+        pid = int(control.request(mountpoint, "info", timeout=5)["pid"])
+    except RucioFsError:
+        pid = None  # the daemon is gone; the kernel mount is all that is left
+    cmd = ["fusermount3", "-u", mountpoint] if pid else ["fusermount3", "-u", "-z", mountpoint]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        reason = (result.stderr.strip().splitlines() or ["fusermount3 failed"])[-1]
+        raise Unavailable(f"cannot unmount {mountpoint}: {reason}")
+    deadline = time.monotonic() + timeout
+    while pid and time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    if pid:
+        raise Unavailable(f"unmounted {mountpoint}, but daemon {pid} is still running")

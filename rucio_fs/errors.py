@@ -1,0 +1,62 @@
+"""Typed errors shared by the core and every backend, and their one mapping to errno.
+
+Backends raise these (never OSError with a guessed errno, never pyfuse3 errors); the FUSE layer
+turns them into an errno with :func:`errno_of` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import errno
+
+
+class RucioFsError(Exception):
+    """Base of every error rucio-fs raises on purpose. ``str(err)`` is a one-line message."""
+
+    errno: int = errno.EIO
+
+
+class InvalidInput(RucioFsError):
+    """Bad user input: malformed URL, unknown option, bad mountpoint. Reported before mounting."""
+
+    errno = errno.EINVAL
+
+
+class NotFound(RucioFsError):
+    errno = errno.ENOENT
+
+
+class PermissionDenied(RucioFsError):
+    errno = errno.EACCES
+
+
+class Unavailable(RucioFsError):
+    """The catalog or storage cannot be reached or answered badly (timeout, 5xx, broken stream)."""
+
+    errno = errno.EIO
+
+
+class IntegrityError(Unavailable):
+    """Data or a listing failed verification (checksum mismatch, truncated response)."""
+
+
+class NotADirectory(RucioFsError):
+    errno = errno.ENOTDIR
+
+
+class IsADirectory(RucioFsError):
+    errno = errno.EISDIR
+
+
+class NotSupported(RucioFsError):
+    """The backend cannot express this operation (it did not declare the capability)."""
+
+    errno = errno.ENOTSUP
+
+
+def errno_of(exc: BaseException) -> int:
+    """The errno a FUSE reply carries for ``exc``: the typed error's own, EIO for anything else."""
+    if isinstance(exc, RucioFsError):
+        return exc.errno
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    return errno.EIO

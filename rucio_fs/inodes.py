@@ -1,0 +1,92 @@
+"""The inode table: inode numbers for catalog paths, with the kernel's lookup counts.
+
+Contract (libfuse low-level semantics): every successful lookup, create or readdirplus entry
+adds one to an inode's lookup count; ``forget(ino, n)`` subtracts ``n``. An inode stays known
+while its count is positive (the root always), so the kernel never sees a number change meaning
+under it. Inode numbers are never reused within a mount.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backend import Entry
+
+ROOT_INO = 1
+
+
+@dataclass(slots=True, eq=False)
+class Inode:
+    ino: int
+    parent: int
+    name: str
+    path: str
+    entry: Entry
+    #: When ``entry`` came from the backend (monotonic seconds), for the attribute window.
+    fetched_at: float = 0.0
+    lookups: int = 0
+    #: The FUSE layer's reply attributes for ``entry``, rebuilt when ``entry`` changes.
+    attrs: Any = None
+    #: Content version the kernel page cache may hold for this inode (for keep_cache).
+    cached_version: str | None = None
+    #: Children the kernel holds dentries for, by name (dirs only).
+    children: dict[str, Inode] = field(default_factory=dict)
+
+
+class InodeTable:
+    """Maps inode numbers ↔ paths. Single-threaded: used only from the trio loop."""
+
+    def __init__(self, root_entry: Entry) -> None:
+        root = Inode(ROOT_INO, ROOT_INO, "", "/", root_entry, lookups=1)
+        self._by_ino: dict[int, Inode] = {ROOT_INO: root}
+        self._next_ino = ROOT_INO + 1
+
+    def __len__(self) -> int:
+        return len(self._by_ino)
+
+    def __iter__(self) -> Iterator[Inode]:
+        return iter(list(self._by_ino.values()))
+
+    def __getitem__(self, ino: int) -> Inode:
+        """The inode ``ino``; KeyError if the kernel has forgotten it (a stale number)."""
+        return self._by_ino[ino]
+
+    def child(self, parent: Inode, name: str) -> Inode | None:
+        return parent.children.get(name)
+
+    def lookup(self, parent: Inode, name: str, entry: Entry, now: float) -> Inode:
+        """Record that the kernel now knows ``parent/name`` as ``entry``; counts one lookup.
+
+        A name whose kind changed (file ↔ directory) gets a new inode: the kernel must not see
+        an inode change type. The old one lives on, detached, until it is forgotten.
+        """
+        inode = self.child(parent, name)
+        if inode is not None and inode.entry.kind is not entry.kind:
+            inode = None
+        if inode is None:
+            path = "/" + name if parent.path == "/" else f"{parent.path}/{name}"
+            inode = Inode(self._next_ino, parent.ino, name, path, entry)
+            self._next_ino += 1
+            self._by_ino[inode.ino] = inode
+            parent.children[name] = inode
+        if inode.entry is not entry:
+            inode.entry = entry
+            inode.attrs = None
+        inode.fetched_at = now
+        inode.lookups += 1
+        return inode
+
+    def forget(self, ino: int, count: int) -> None:
+        """The kernel dropped ``count`` references; an inode at zero is removed (root: never)."""
+        inode = self._by_ino.get(ino)
+        if inode is None or ino == ROOT_INO:
+            return
+        inode.lookups -= count
+        if inode.lookups > 0:
+            return
+        del self._by_ino[ino]
+        parent = self._by_ino.get(inode.parent)
+        if parent is not None and parent.children.get(inode.name) is inode:
+            del parent.children[inode.name]

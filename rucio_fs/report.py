@@ -1,0 +1,158 @@
+"""Rendering a stats snapshot: table, csv, json, prometheus; and ``stats diff`` of two CSVs."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import InvalidInput
+from .stats import flatten, quantile
+
+FORMATS = ("table", "csv", "json", "prometheus")
+
+
+def render(snap: Mapping[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(snap, indent=2, sort_keys=True)
+    if fmt == "csv":
+        return to_csv(flatten(snap))
+    if fmt == "prometheus":
+        return to_prometheus(snap)
+    return to_table(snap)
+
+
+def _value(value: float | str | bool) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
+    return str(value)
+
+
+def to_csv(flat: Mapping[str, float | str]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["metric", "value"])
+    for name, value in flat.items():
+        writer.writerow([name, _value(value)])
+    return out.getvalue().rstrip("\n")
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.3f}"
+
+
+def to_table(snap: Mapping[str, Any]) -> str:
+    lines = [f"rucio-fs {snap.get('version', '?')}  {snap.get('url', '')} on "
+             f"{snap.get('mountpoint', '')}  pid {snap.get('pid', '?')}  "
+             f"fuse connection {snap.get('kernel', {}).get('fuse_connection', '?')}",
+             f"interval: {snap['now'] - snap['since']:.1f} s"]
+    for section, title in (("fuse", "FUSE operations"), ("backend", "backend calls")):
+        ops = snap.get(section, {})
+        lines += ["", f"{title:<14} {'count':>9} {'errors':>7} {'mean ms':>9} {'p50 ms':>9} "
+                      f"{'p99 ms':>9} {'max ms':>9} {'bytes':>13}"]
+        for name, data in ops.items():
+            hist = data["latency"]
+            if not hist["count"]:
+                continue
+            errors = sum(data["errors"].values())
+            lines.append(
+                f"{name:<14} {hist['count']:>9} {errors:>7} "
+                f"{_ms(hist['total_ns'] / hist['count']):>9} {_ms(quantile(hist, 0.5)):>9} "
+                f"{_ms(quantile(hist, 0.99)):>9} {_ms(hist['max_ns']):>9} {data['bytes']:>13}")
+            if errors:
+                lines.append(f"{'':<14} errors: " + ", ".join(
+                    f"{k}={v}" for k, v in sorted(data["errors"].items())))
+    lines += ["", f"{'cache layer':<14} {'on':>3} {'hits':>10} {'misses':>10} {'hit %':>7}"]
+    for layer, counters in snap.get("cache", {}).items():
+        hits, misses = counters.get("hits", 0), counters.get("misses", 0)
+        ratio = f"{100 * hits / (hits + misses):.1f}" if hits + misses else "-"
+        lines.append(f"{layer:<14} {'yes' if counters.get('enabled', 1) else 'no':>3} "
+                     f"{hits:>10} {misses:>10} {ratio:>7}")
+    for section in ("coalesced", "events", "backend_counters", "sizes", "inodes"):
+        values = snap.get(section) or {}
+        if values:
+            lines.append("")
+            lines.append(f"{section}: " + ", ".join(f"{k}={v}" for k, v in sorted(values.items())))
+    config = snap.get("config", {})
+    if config:
+        lines += ["", "config: " + ", ".join(f"{k}={_value(v)}" for k, v in config.items())]
+    return "\n".join(lines)
+
+
+def _labels(**labels: str) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+
+def to_prometheus(snap: Mapping[str, Any]) -> str:
+    out = []
+    for section in ("fuse", "backend"):
+        metric = f"rucio_fs_{section}"
+        out += [f"# TYPE {metric}_latency_seconds histogram",
+                f"# TYPE {metric}_errors_total counter"]
+        for name, data in snap.get(section, {}).items():
+            hist = data["latency"]
+            cumulative = 0
+            for k, n in enumerate(hist["bins"]):
+                cumulative += n
+                if n or k == len(hist["bins"]) - 1:
+                    le = f"{(1 << k) / 1e9:.9g}"
+                    out.append(f"{metric}_latency_seconds_bucket"
+                               f"{_labels(op=name, le=le)} {cumulative}")
+            out.append(f'{metric}_latency_seconds_bucket{_labels(op=name, le="+Inf")} '
+                       f"{hist['count']}")
+            out.append(f"{metric}_latency_seconds_sum{_labels(op=name)} {hist['total_ns'] / 1e9}")
+            out.append(f"{metric}_latency_seconds_count{_labels(op=name)} {hist['count']}")
+            for err, n in sorted(data["errors"].items()):
+                out.append(f"{metric}_errors_total{_labels(op=name, errno=err)} {n}")
+            if data.get("bytes"):
+                out.append(f"{metric}_bytes_total{_labels(op=name)} {data['bytes']}")
+    out.append("# TYPE rucio_fs_cache_events_total counter")
+    for layer, counters in snap.get("cache", {}).items():
+        for event, n in sorted(counters.items()):
+            out.append(f"rucio_fs_cache_events_total{_labels(layer=layer, event=event)} {n}")
+    out.append("# TYPE rucio_fs_coalesced_calls_total counter")
+    for call, n in sorted(snap.get("coalesced", {}).items()):
+        out.append(f"rucio_fs_coalesced_calls_total{_labels(call=call)} {n}")
+    return "\n".join(out)
+
+
+def read_csv(path: str) -> dict[str, str]:
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
+    if not rows or rows[0] != ["metric", "value"]:
+        raise InvalidInput(f"{path}: not a rucio-fs stats CSV (header must be 'metric,value')")
+    return {row[0]: row[1] for row in rows[1:] if len(row) == 2}
+
+
+def diff(path_a: str, path_b: str, everything: bool = False) -> str:
+    """Per-metric difference B - A, largest relative changes first, flagged by size."""
+    a, b = read_csv(path_a), read_csv(path_b)
+    rows = []
+    for name in sorted(set(a) | set(b)):
+        va, vb = a.get(name, "0"), b.get(name, "0")
+        try:
+            fa, fb = float(va), float(vb)
+        except ValueError:
+            if va != vb:
+                rows.append((float("inf"), name, va, vb, "changed", "!!!"))
+            continue
+        if fa == fb and not everything:
+            continue
+        delta = fb - fa
+        rel = abs(delta) / abs(fa) if fa else (float("inf") if delta else 0.0)
+        flag = "!!!" if rel >= 1 else "!!" if rel >= 0.25 else "!" if rel >= 0.05 else ""
+        rel_text = "new" if not fa and delta else f"{100 * delta / fa:+.1f}%" if fa else "0%"
+        rows.append((rel, name, va, vb, f"{delta:+g} ({rel_text})", flag))
+    rows.sort(key=lambda r: (-r[0], r[1]))
+    width = max([len(r[1]) for r in rows] + [6])
+    lines = [f"{'metric':<{width}}  {'A':>14}  {'B':>14}  change"]
+    lines += [f"{name:<{width}}  {va:>14}  {vb:>14}  {change} {flag}".rstrip()
+              for _, name, va, vb, change, flag in rows]
+    if not rows:
+        lines.append("(no differences)")
+    return "\n".join(lines)

@@ -1,0 +1,60 @@
+"""Coalescing: concurrent identical backend calls share one call (a "single flight")."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, TypeVar
+
+import trio
+
+from .errors import Unavailable
+
+T = TypeVar("T")
+
+
+class _Flight:
+    __slots__ = ("done", "error", "value")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+
+class SingleFlight:
+    """Runs ``fn`` once per key at a time; callers arriving meanwhile wait for its result.
+
+    Followers get the leader's result or its exception. If the leader is cancelled (its FUSE
+    request was interrupted), followers get :class:`Unavailable` rather than a foreign
+    cancellation. With ``enabled=False`` every caller runs its own call (naive behaviour).
+    """
+
+    def __init__(self, enabled: bool, counter: Counter[str]) -> None:
+        self.enabled = enabled
+        self._counter = counter
+        self._flights: dict[Hashable, _Flight] = {}
+
+    async def run(self, key: tuple[str, Hashable], fn: Callable[[], Awaitable[T]]) -> T:
+        if not self.enabled:
+            return await fn()
+        flight = self._flights.get(key)
+        if flight is not None:
+            self._counter[key[0]] += 1
+            await flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            return flight.value
+        flight = self._flights[key] = _Flight()
+        try:
+            flight.value = await fn()
+            return flight.value
+        except trio.Cancelled:
+            flight.error = Unavailable("the shared backend call was cancelled")
+            raise
+        except BaseException as exc:
+            flight.error = exc
+            raise
+        finally:
+            del self._flights[key]
+            flight.done.set()
