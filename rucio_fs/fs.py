@@ -135,8 +135,14 @@ class RucioFs(pyfuse3.Operations):
         return attrs
 
     def _fresh(self, inode: Inode, now: float) -> bool:
-        """Attributes just received (a listing or stat moments ago) answer without a call."""
-        return now - inode.fetched_at < self.config.attr_window
+        """Whether attributes just received answer without a call: for ``attr_window`` after
+        they arrived, and while the directory handle whose listing delivered them is open
+        (``ls -l`` stats entries between readdir calls, however long that takes)."""
+        if now - inode.fetched_at < self.config.attr_window:
+            return True
+        parent = self.inodes.get(inode.parent)
+        return (parent is not None and parent.listed_at == inode.fetched_at
+                and (parent.open_dirs > 0 or now < parent.listing_fresh_until))
 
     async def _revalidate(self, inode: Inode) -> Entry:
         """The inode's current entry: its own if fresh, else through the catalog's layers."""
@@ -199,7 +205,9 @@ class RucioFs(pyfuse3.Operations):
             raise NotADirectory(node.path)
         listing = await self.catalog.list(node.path)
         fh = self._new_fh()
-        self._dirs[fh] = _DirHandle(node, listing, time.monotonic())
+        self._dirs[fh] = handle = _DirHandle(node, listing, time.monotonic())
+        node.open_dirs += 1
+        node.listed_at = handle.fetched_at
         return fh
 
     @fuse_op
@@ -224,7 +232,12 @@ class RucioFs(pyfuse3.Operations):
 
     @fuse_op
     async def releasedir(self, fh: int) -> None:
-        del self._dirs[fh]
+        handle = self._dirs.pop(fh)
+        node = handle.inode
+        node.open_dirs -= 1
+        if node.listed_at == handle.fetched_at:
+            # The window of attributes from this listing starts when its reader is done.
+            node.listing_fresh_until = time.monotonic() + self.config.attr_window
 
     # -- data ------------------------------------------------------------------------------
 

@@ -31,6 +31,10 @@ class Inode:
     attrs: Any = None
     #: Content version the kernel page cache may hold for this inode (for keep_cache).
     cached_version: str | None = None
+    #: Dirs: open directory handles, and when the newest of them fetched its listing.
+    open_dirs: int = 0
+    listed_at: float = -1.0
+    listing_fresh_until: float = 0.0
     #: Children the kernel holds dentries for, by name (dirs only).
     children: dict[str, Inode] = field(default_factory=dict)
 
@@ -52,6 +56,9 @@ class InodeTable:
     def __getitem__(self, ino: int) -> Inode:
         """The inode ``ino``; KeyError if the kernel has forgotten it (a stale number)."""
         return self._by_ino[ino]
+
+    def get(self, ino: int) -> Inode | None:
+        return self._by_ino.get(ino)
 
     def child(self, parent: Inode, name: str) -> Inode | None:
         return parent.children.get(name)

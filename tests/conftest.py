@@ -1,0 +1,104 @@
+"""Real mounts through the kernel. Nothing here skips: a machine that cannot mount FUSE fails
+these tests (CI installs fuse3 and runs as root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rucio_fs import control
+from rucio_fs.mounts import FSTYPE, find_mount
+
+RUCIO_FS = [sys.executable, "-m", "rucio_fs"]
+
+
+def run_cli(*args: str, check: bool = False, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([*RUCIO_FS, *args], capture_output=True, text=True,
+                            timeout=timeout, env=env)
+    if check and result.returncode != 0:
+        raise AssertionError(f"rucio-fs {' '.join(args)} failed ({result.returncode}): "
+                             f"{result.stderr.strip()}")
+    return result
+
+
+@dataclass
+class Mount:
+    path: Path
+    log: Path
+
+    def stats(self, reset: bool = False) -> dict:
+        return control.request(str(self.path), "stats", reset=reset)
+
+    def backend_calls(self, call: str) -> int:
+        return self.stats()["backend"].get(call, {"latency": {"count": 0}})["latency"]["count"]
+
+    def fuse_calls(self, op: str, snap: dict | None = None) -> int:
+        snap = snap or self.stats()
+        return snap["fuse"].get(op, {"latency": {"count": 0}})["latency"]["count"]
+
+    def drop(self, *layers: str) -> dict:
+        return control.request(str(self.path), "drop", layers=list(layers) or None)
+
+    def log_text(self) -> str:
+        return self.log.read_text()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Keep this run's control sockets and logs apart from any real mount on the machine."""
+    path = tmp_path_factory.mktemp("runtime")
+    os.environ["RUCIO_FS_RUNTIME_DIR"] = str(path)
+    return path
+
+
+def _unmount(path: Path) -> None:
+    if find_mount(str(path)) is None:
+        return
+    result = run_cli("unmount", str(path))
+    if result.returncode != 0 and find_mount(str(path)) is not None:
+        subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True)
+
+
+@pytest.fixture
+def mount_demo(tmp_path: Path) -> Iterator:
+    """``mount_demo(url="demo://", *options)`` mounts and returns a :class:`Mount`."""
+    mounted: list[Path] = []
+
+    def mount(url: str = "demo://", *options: str) -> Mount:
+        path = tmp_path / f"mnt{len(mounted)}"
+        path.mkdir()
+        log = tmp_path / f"mnt{len(mounted)}.log"
+        run_cli("mount", url, str(path), "--log-file", str(log), *options, check=True)
+        mounted.append(path)
+        info = find_mount(str(path))
+        assert info is not None and info.fstype == FSTYPE
+        return Mount(path, log)
+
+    yield mount
+    for path in mounted:
+        _unmount(path)
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(interval)
+
+
+def dump(obj: object) -> str:
+    return json.dumps(obj, indent=1)[:2000]

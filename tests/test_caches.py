@@ -1,0 +1,137 @@
+"""Cache layers, their switches, coalescing and cache drop, counted at the backend."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from conftest import run_cli, wait_for
+
+TEN_K = ("ls", "files-10000")
+
+
+def ls_l(path) -> int:
+    out = subprocess.run(["ls", "-l", path], capture_output=True, text=True, check=True).stdout
+    return len(out.splitlines()) - 1
+
+
+def counters(m) -> dict:
+    return m.stats()["backend_counters"]
+
+
+def test_warm_ls_makes_zero_backend_requests(mount_demo):
+    m = mount_demo()
+    d = m.path.joinpath(*TEN_K)
+    assert ls_l(d) == 10_000
+    before = counters(m)
+    assert ls_l(d) == 10_000
+    assert counters(m) == before
+
+
+def test_cold_ls_is_one_listing_without_per_entry_stats(mount_demo):
+    m = mount_demo("demo://", "--cold")
+    d = m.path.joinpath(*TEN_K)
+    assert ls_l(d) == 10_000
+    c = counters(m)
+    assert c["list"] == 1
+    # Only the directory and its ancestors are re-validated (kernel TTL 0), never an entry.
+    assert c.get("stat", 0) <= 20
+    assert ls_l(d) == 10_000
+    assert counters(m)["list"] == 2  # cold: the next ls lists again
+
+
+def test_attr_window_zero_reproduces_per_entry_stats(mount_demo):
+    m = mount_demo("demo://", "--cold", "--attr-window", "0")
+    assert ls_l(m.path / "ls" / "files-500") == 500
+    assert counters(m)["stat"] >= 500
+
+
+def test_cache_drop_makes_next_ls_cold(mount_demo):
+    m = mount_demo()
+    d = m.path.joinpath(*TEN_K)
+    ls_l(d)
+    lists = counters(m)["list"]
+    ls_l(d)
+    assert counters(m)["list"] == lists
+    result = run_cli("cache", "drop", str(m.path), check=True)
+    assert result.stdout.startswith("dropped kernel, metadata, listing, data")
+    before_lookups = m.fuse_calls("lookup")
+    ls_l(d)
+    assert counters(m)["list"] == lists + 1
+    assert m.fuse_calls("lookup") > before_lookups  # the kernel's dentries were dropped too
+
+
+def test_cache_drop_single_layer(mount_demo):
+    m = mount_demo()
+    f = m.path / "ls" / "files-500" / "file-000001.dat"
+    ls_l(f.parent)
+    f.read_bytes()
+    reads = counters(m)["read"]
+    m.drop("data", "kernel")
+    f.read_bytes()
+    assert counters(m)["read"] == reads + 1
+    lists = counters(m)["list"]
+    ls_l(f.parent)
+    assert counters(m)["list"] == lists  # listing layer kept
+
+
+def test_data_cache_serves_second_open(mount_demo):
+    m = mount_demo("demo://", "--no-kernel-cache")
+    f = m.path / "ls" / "files-500" / "file-000003.dat"
+    assert f.read_bytes() == f.read_bytes()
+    assert counters(m)["read"] == 1
+    layer = m.stats()["cache"]["data"]
+    assert layer["hits"] >= 1 and layer["misses"] == 1
+
+
+def test_page_cache_kept_for_immutable_files(mount_demo):
+    m = mount_demo()
+    f = m.path / "ls" / "files-500" / "file-000004.dat"
+    f.read_bytes()
+    reads = m.fuse_calls("read")
+    f.read_bytes()
+    assert m.fuse_calls("read") == reads  # served by the kernel's page cache
+
+
+def test_negative_lookups_cached_in_kernel(mount_demo):
+    on = mount_demo()
+    off = mount_demo("demo://", "--no-kernel-cache")
+    for m, expected in ((on, 1), (off, 3)):
+        base = m.fuse_calls("lookup")
+        for _ in range(3):
+            assert not os.path.exists(m.path / "missing")
+        assert m.fuse_calls("lookup") - base == expected
+
+
+def _concurrent_ls(m, users: int) -> None:
+    d = m.path.joinpath(*TEN_K)
+    procs = [subprocess.Popen(["ls", d], stdout=subprocess.PIPE, text=True)
+             for _ in range(users)]
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert all(len(out.splitlines()) == 10_000 for out in outputs)
+
+
+def test_concurrent_cold_listings_are_coalesced(mount_demo):
+    m = mount_demo("demo://?latency=500ms", "--cold")
+    _concurrent_ls(m, 20)
+    snap = m.stats()
+    assert snap["backend_counters"]["list"] == 1
+    assert snap["coalesced"]["list"] == 19
+
+
+def test_no_coalescing_makes_one_listing_per_user(mount_demo):
+    m = mount_demo("demo://?latency=500ms", "--cold", "--no-coalescing")
+    _concurrent_ls(m, 20)
+    snap = m.stats()
+    assert snap["backend_counters"]["list"] == 20
+    assert not snap["coalesced"]
+
+
+def test_listing_ttl_expires(mount_demo):
+    m = mount_demo("demo://", "--listing-ttl", "0.2", "--kernel-ttl", "0.1",
+                   "--metadata-ttl", "0.2")
+    d = m.path / "ls" / "files-500"
+    ls_l(d)
+    lists = counters(m)["list"]
+    wait_for(lambda: ls_l(d) and counters(m)["list"] > lists, timeout=5, interval=0.1)
