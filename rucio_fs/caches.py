@@ -65,13 +65,14 @@ class CacheLayer(Generic[V]):
 
 
 def ttl_cache(maxsize: int, ttl_of: Callable[[Any], float],
-              getsizeof: Callable[[Any], int] | None = None) -> TLRUCache:
+              getsizeof: Callable[[Any], int] | None = None,
+              timer: Callable[[], float] = time.monotonic) -> TLRUCache:
     """A cache whose items expire after ``ttl_of(value)`` seconds, bounded by ``maxsize``."""
 
     def ttu(_key: Any, value: Any, now: float) -> float:
         return now + ttl_of(value)
 
-    return TLRUCache(maxsize, ttu, timer=time.monotonic, getsizeof=getsizeof)
+    return TLRUCache(maxsize, ttu, timer=timer, getsizeof=getsizeof)
 
 
 def byte_cache(max_bytes: int) -> LRUCache:

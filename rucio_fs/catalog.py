@@ -83,10 +83,11 @@ class Catalog:
         except (trio.Cancelled, KeyboardInterrupt):
             raise
         except Exception as exc:
-            # A backend bug must not take the mount down: it becomes EIO with one log line.
+            # A backend bug must not take the mount down: it becomes EIO, logged once by the
+            # FUSE layer; the traceback is there with --debug.
             op.errors["EIO"] += 1
-            log.exception("backend %s call failed unexpectedly", call)
-            raise Unavailable(f"backend {call} failed: {exc!r}") from exc
+            log.debug("backend %s call failed unexpectedly", call, exc_info=True)
+            raise Unavailable(f"backend {call} failed unexpectedly: {exc!r}") from exc
         finally:
             op.latency.add(time.perf_counter_ns() - start)
 

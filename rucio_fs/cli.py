@@ -50,7 +50,7 @@ def cli() -> None:
 
 @cli.command()
 @click.argument("url")
-@click.argument("mountpoint", type=click.Path(file_okay=False))
+@click.argument("mountpoint")
 @click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground (log to stderr).")
 @click.option("--debug", is_flag=True, help="Debug logging (and libfuse debug output).")
 @click.option("--allow-other", is_flag=True, help="Let other users access the mount.")

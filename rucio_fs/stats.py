@@ -81,15 +81,24 @@ class Stats:
 
     def __init__(self) -> None:
         self.static: dict[str, Any] = {}
-        self.reset()
-
-    def reset(self) -> None:
         self.started = time.time()
         self.fuse: dict[str, OpStats] = {}
         self.backend: dict[str, OpStats] = {}
         self.cache: dict[str, Counter[str]] = {}
         self.coalesced: Counter[str] = Counter()
         self.events: Counter[str] = Counter()
+
+    def reset(self) -> None:
+        """Zero every counter in place (the layers hold references to their counters)."""
+        self.started = time.time()
+        self.fuse.clear()
+        self.backend.clear()
+        for layer in self.cache.values():
+            enabled = layer["enabled"]
+            layer.clear()
+            layer["enabled"] = enabled
+        self.coalesced.clear()
+        self.events.clear()
 
     def _op(self, table: dict[str, OpStats], name: str) -> OpStats:
         op = table.get(name)

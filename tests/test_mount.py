@@ -9,7 +9,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from rucio_fs.backends.demo_content import BIG_MD5, BIG_SIZE, big_file_range, small_file
 
 
@@ -67,7 +66,7 @@ def test_cp_big_file_byte_for_byte(mount_demo, tmp_path):
 def test_read_only_and_missing(mount_demo):
     m = mount_demo()
     with pytest.raises(OSError) as exc:
-        open(m.path / "README.txt", "w")
+        (m.path / "README.txt").write_text("x")
     assert exc.value.errno == errno.EROFS
     with pytest.raises(FileNotFoundError):
         os.stat(m.path / "ls" / "no-such-file")

@@ -1,0 +1,159 @@
+"""Bad input: one line on stderr, a non-zero exit, no traceback, nothing left mounted.
+Backend failures during operations: the right errno and one log line, never a dead daemon."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import RUCIO_FS, run_cli, wait_for
+
+from rucio_fs.mounts import find_mount
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("rucio-fs: ")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture
+def mountpoint(tmp_path):
+    path = tmp_path / "mp"
+    path.mkdir()
+    yield path
+    assert find_mount(str(path)) is None, "a failed mount left something mounted"
+
+
+@pytest.mark.parametrize(("url", "needle"), [
+    ("nosuch://x", "unknown URL scheme 'nosuch' (installed backends: "),
+    ("just-a-path", "malformed URL 'just-a-path'"),
+    ("demo://host/path", "demo URL takes no host or path"),
+    ("demo://?latency=fast", "invalid duration 'fast'"),
+    ("demo://?colour=blue", "unknown demo option 'colour'"),
+])
+def test_bad_urls(mountpoint, url, needle):
+    assert_one_line_error(run_cli("mount", url, str(mountpoint)), needle)
+
+
+def test_missing_mountpoint(tmp_path):
+    result = run_cli("mount", "demo://", str(tmp_path / "absent"))
+    assert_one_line_error(result, "does not exist")
+
+
+def test_mountpoint_not_a_directory(tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert_one_line_error(run_cli("mount", "demo://", str(tmp_path / "file")),
+                          "is not a directory")
+
+
+def test_mountpoint_not_empty(mountpoint):
+    (mountpoint / "something").write_text("x")
+    assert_one_line_error(run_cli("mount", "demo://", str(mountpoint)), "is not empty")
+
+
+def test_already_mounted(mount_demo):
+    m = mount_demo()
+    result = run_cli("mount", "demo://", str(m.path))
+    assert_one_line_error(result, "is already a mountpoint (fuse.rucio-fs)")
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["mount", "--bogus", "demo://", "."], "--bogus"),
+    (["mount", "demo://"], "MOUNTPOINT"),
+    (["mount", "demo://", ".", "--kernel-ttl", "soon"], "invalid duration 'soon'"),
+    (["mount", "demo://", ".", "--data-cache-size", "lots"], "invalid size 'lots'"),
+    (["mount", "demo://", ".", "--block-size", "3000"], "block-size must be a power of two"),
+    (["frobnicate"], "frobnicate"),
+])
+def test_usage_errors(args, needle):
+    result = run_cli(*args)
+    assert_one_line_error(result, needle)
+
+
+def test_tools_on_something_not_mounted(tmp_path):
+    assert_one_line_error(run_cli("stats", str(tmp_path)), "not a mountpoint")
+    assert_one_line_error(run_cli("cache", "drop", "/proc"), "not a rucio-fs mount (it is proc)")
+    assert_one_line_error(run_cli("unmount", str(tmp_path)), "not a mountpoint")
+
+
+def test_no_dev_fuse(mountpoint):
+    """In a private mount namespace whose /dev has no fuse device."""
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+         'mount -t tmpfs none /dev && exec "$@"', "sh", *RUCIO_FS, "mount", "demo://",
+         str(mountpoint)], capture_output=True, text=True, timeout=60)
+    assert_one_line_error(result, "/dev/fuse is missing")
+
+
+def test_no_permission_on_dev_fuse(mountpoint):
+    """A /dev/fuse with mode 000, opened by root without its permission-override capabilities."""
+    script = ('mount -t tmpfs none /dev && mknod -m 000 /dev/fuse c 10 229 && '
+              'exec setpriv --bounding-set=-dac_override,-dac_read_search "$@"')
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+         *RUCIO_FS, "mount", "demo://", str(mountpoint)],
+        capture_output=True, text=True, timeout=60)
+    assert_one_line_error(result, "no permission to open /dev/fuse")
+
+
+def test_backend_faults_become_errno_and_one_log_line(mount_demo):
+    m = mount_demo("demo://?faults=1")
+    faults = m.path / "faults"
+    with pytest.raises(PermissionError):
+        (faults / "eacces.dat").read_bytes()
+    for name in ("eio.dat", "crash.dat"):
+        with pytest.raises(OSError) as exc:
+            (faults / name).read_bytes()
+        assert exc.value.errno == errno.EIO
+    with pytest.raises(OSError) as exc:  # a listing broken mid-stream is EIO, never shorter
+        os.listdir(faults / "broken-listing")
+    assert exc.value.errno == errno.EIO
+    assert len(os.listdir(m.path / "ls" / "files-500")) == 500  # the daemon lives on
+    # One log line per failed request (the kernel retries a failed read once by itself).
+    log = m.log_text().splitlines()
+    errors = m.stats()["fuse"]
+    assert errors["open"]["errors"] == {"EACCES": 1}
+    assert errors["opendir"]["errors"] == {"EIO": 1}
+    failed_reads = errors["read"]["errors"]["EIO"]
+    assert len(log) == 1 + 1 + 1 + failed_reads  # "mounted", open, opendir, reads
+    assert sum("WARNING rucio_fs.fs: open failed: demo: permission denied" in x for x in log) == 1
+    assert sum("opendir failed: demo: listing stream broken" in x for x in log) == 1
+    unavailable = sum("read failed: demo: storage unavailable (injected)" in x for x in log)
+    crashed = sum("read failed: backend read failed unexpectedly: RuntimeError('demo: "
+                  "backend bug (injected)')" in x for x in log)
+    assert unavailable >= 1 and crashed >= 1 and unavailable + crashed == failed_reads
+
+
+def test_unmount_waits_for_the_daemon(mount_demo):
+    m = mount_demo()
+    pid = m.stats()["pid"]
+    run_cli("unmount", str(m.path), check=True)
+    assert find_mount(str(m.path)) is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_sigterm_unmounts_cleanly(mount_demo):
+    m = mount_demo()
+    pid = m.stats()["pid"]
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: find_mount(str(m.path)) is None)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    else:
+        raise AssertionError("daemon still running after SIGTERM")
+    assert "received SIGTERM, unmounting" in m.log_text()

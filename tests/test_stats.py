@@ -1,0 +1,80 @@
+"""Stats of a live mount: exact counts for a known workload, every format, reset and diff."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+
+from conftest import run_cli, wait_for
+
+from rucio_fs.stats import N_BINS
+
+
+def test_counts_match_a_known_workload_exactly(mount_demo):
+    m = mount_demo()
+    os.stat(m.path)  # the kernel fetches the root's attributes once after mounting
+    before = m.stats(reset=True)["backend_counters"]
+    f = m.path / "ls" / "files-500" / "file-000009.dat"
+    os.stat(f)
+    os.stat(f)  # served by the kernel (entry and attribute timeouts)
+    with open(f, "rb") as handle:
+        assert len(handle.read()) == 4096
+    snap = wait_for(lambda: (s := m.stats()) and m.fuse_calls("release", s) == 1 and s)
+    fuse = {op: data["latency"]["count"] for op, data in snap["fuse"].items()}
+    assert fuse == {"lookup": 3, "open": 1, "read": 1, "release": 1}, fuse
+    backend = {call: data["latency"]["count"] for call, data in snap["backend"].items()}
+    assert backend == {"stat": 3, "open": 1, "read": 1, "close": 1}, backend
+    assert snap["backend"]["read"]["bytes"] == 4096
+    # The demo's own request counters (never reset) agree with the daemon's accounting.
+    own = {k: v - before.get(k, 0) for k, v in snap["backend_counters"].items()}
+    assert own == {"stat": 3, "open": 1, "read": 1, "read_bytes": 4096}
+    assert snap["cache"]["data"]["misses"] == 1 and snap["cache"]["data"]["stores"] == 1
+    hist = snap["fuse"]["lookup"]["latency"]
+    assert len(hist["bins"]) == N_BINS >= 30 and sum(hist["bins"]) == 3
+
+
+def test_errors_are_counted_by_errno(mount_demo):
+    m = mount_demo("demo://", "--no-kernel-cache")
+    for _ in range(2):
+        assert not os.path.exists(m.path / "nope")
+    assert m.stats()["fuse"]["lookup"]["errors"] == {"ENOENT": 2}
+
+
+def test_formats_reset_and_diff(mount_demo, tmp_path):
+    m = mount_demo()
+    os.listdir(m.path / "ls" / "files-500")
+    table = run_cli("stats", str(m.path), check=True).stdout
+    assert "readdir" in table and "cache layer" in table and "config:" in table
+    data = json.loads(run_cli("stats", str(m.path), "--format", "json", check=True).stdout)
+    assert data["fuse"]["opendir"]["latency"]["count"] >= 1
+    assert data["config"]["listing"] is True
+    prom = run_cli("stats", str(m.path), "--format", "prometheus", check=True).stdout
+    assert 'rucio_fs_fuse_latency_seconds_count{op="opendir"}' in prom
+    assert 'rucio_fs_cache_events_total{layer="listing",event="misses"}' in prom
+
+    first = run_cli("stats", str(m.path), "--format", "csv", "--reset", check=True).stdout
+    rows = dict(csv.reader(io.StringIO(first)))
+    assert rows["metric"] == "value" and int(rows["backend.list.count"]) >= 1
+    (tmp_path / "a.csv").write_text(first)
+    after_reset = m.stats()
+    assert not after_reset["backend"]
+    os.listdir(m.path / "ls" / "files-1000")
+    os.listdir(m.path / "ls" / "files-5000")
+    second = run_cli("stats", str(m.path), "--format", "csv", check=True).stdout
+    (tmp_path / "b.csv").write_text(second)
+    diff = run_cli("stats", "diff", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), check=True)
+    lines = diff.stdout.splitlines()
+    assert lines[0].split()[:3] == ["metric", "A", "B"]
+    listed = next(line for line in lines if line.startswith("events.listed_entries "))
+    assert "+5500" in listed and "!!!" in listed
+
+
+def test_stats_diff_rejects_other_files(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("x,y\n")
+    result = run_cli("stats", "diff", str(bad), str(bad))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"rucio-fs: {bad}: not a rucio-fs stats CSV " \
+                                    "(header must be 'metric,value')"
