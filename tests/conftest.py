@@ -102,3 +102,12 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
 
 def dump(obj: object) -> str:
     return json.dumps(obj, indent=1)[:2000]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """In CI a skipped test is a failure: a missing server or FUSE must not pass silently."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
+    if os.environ.get("CI") and skipped:
+        reporter.write_line(f"CI: {skipped} skipped test(s) count as failures", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

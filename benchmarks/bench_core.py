@@ -1,0 +1,174 @@
+"""Core listing benchmarks on the demo catalog (latency 0 unless said), with same-run baselines.
+
+1. warm ``ls -l`` of 50,000 files: mount vs the same names and sizes materialised on tmpfs;
+2. warm ``ls -l`` and plain ``ls`` of 10,000 files (absolute, against the prototype's numbers);
+3. cold ``ls -l`` of 10,000 files with 20 ms injected per request, every cache layer (the
+   kernel's too) dropped before each run: time, backend round trips, time beyond them; and the
+   same on a ``--cold`` mount (every layer off: the kernel asks ~13 FUSE requests per entry);
+4. the always-on stats: warm ``ls -l`` of 10,000 with and without latency histograms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RUCIO_FS = [sys.executable, "-m", "rucio_fs"]
+
+
+def timed(cmd: list[str], repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+            "n": len(times)}
+
+
+class Mounted:
+    def __init__(self, root: Path, url: str, *options: str, env: dict | None = None) -> None:
+        self.path = root / f"mnt-{len(list(root.iterdir()))}"
+        self.path.mkdir()
+        subprocess.run([*RUCIO_FS, "mount", url, str(self.path), *options], check=True,
+                       env=env)
+
+    def stats(self) -> dict:
+        out = subprocess.run([*RUCIO_FS, "stats", str(self.path), "--format", "json"],
+                             check=True, capture_output=True, text=True).stdout
+        return json.loads(out)
+
+    def close(self) -> None:
+        subprocess.run([*RUCIO_FS, "unmount", str(self.path)], check=True)
+
+
+def materialise(root: Path, count: int) -> Path:
+    """The demo directory's names and sizes as real (sparse) files on tmpfs."""
+    target = root / f"files-{count}"
+    target.mkdir()
+    for n in range(1, count + 1):
+        with open(target / f"file-{n:06d}.dat", "wb") as f:
+            f.truncate(4096)
+        os.utime(target / f"file-{n:06d}.dat", (1_554_076_800, 1_554_076_800))
+    return target
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).parent / "results" / "core.json")
+    args = parser.parse_args()
+    results: dict = {"machine": {"host": platform.node(), "kernel": platform.release(),
+                                 "cpus": os.cpu_count(), "python": platform.python_version()},
+                     "repeat": args.repeat, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    work = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-", dir="/tmp"))
+    shm = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-", dir="/dev/shm"))
+    mounts: list[Mounted] = []
+    try:
+        tmpfs50k, tmpfs10k = materialise(shm, 50_000), materialise(shm, 10_000)
+        warm = Mounted(work, "demo://")
+        mounts.append(warm)
+        fuse50k, fuse10k = warm.path / "ls" / "files-50000", warm.path / "ls" / "files-10000"
+        for path in (fuse50k, fuse10k, tmpfs50k, tmpfs10k):
+            timed(["ls", "-l", str(path)], 1)  # warm up: caches filled
+        r = results["warm_ls_l_50k"] = {
+            "mount": summary(timed(["ls", "-l", str(fuse50k)], args.repeat)),
+            "tmpfs": summary(timed(["ls", "-l", str(tmpfs50k)], args.repeat))}
+        r["ratio"] = r["mount"]["median_s"] / r["tmpfs"]["median_s"]
+        for cmd in (["ls", "-l"], ["ls"]):
+            key = "warm_" + "_".join(c.strip("-") for c in cmd) + "_10k"
+            r = results[key] = {"mount": summary(timed([*cmd, str(fuse10k)], args.repeat)),
+                                "tmpfs": summary(timed([*cmd, str(tmpfs10k)], args.repeat))}
+            r["ratio"] = r["mount"]["median_s"] / r["tmpfs"]["median_s"]
+
+        slow = Mounted(work, "demo://?latency=20ms")
+        mounts.append(slow)
+        target = str(slow.path / "ls" / "files-10000")
+        times, trips = [], {}
+        for _ in range(args.repeat):
+            subprocess.run([*RUCIO_FS, "cache", "drop", str(slow.path)], check=True,
+                           stdout=subprocess.DEVNULL)
+            before = slow.stats()["backend_counters"]
+            times += timed(["ls", "-l", target], 1)
+            after = slow.stats()["backend_counters"]
+            for k in after:
+                trips[k] = trips.get(k, 0) + (after[k] - before.get(k, 0)) / args.repeat
+        trips = {k: round(v, 2) for k, v in trips.items()}
+        r = results["cold_ls_l_10k_20ms"] = {**summary(times), "round_trips_per_ls": trips}
+        r["beyond_round_trips_s"] = r["median_s"] - sum(trips.values()) * 0.020
+
+        off = Mounted(work, "demo://?latency=20ms", "--cold")
+        mounts.append(off)
+        runs = max(2, args.repeat // 5)
+        before = off.stats()
+        times = timed(["ls", "-l", str(off.path / "ls" / "files-10000")], runs)
+        after = off.stats()
+        results["all_layers_off_ls_l_10k_20ms"] = {
+            **summary(times),
+            "backend_calls_per_ls": {k: (v - before["backend_counters"].get(k, 0)) / runs
+                                     for k, v in after["backend_counters"].items()},
+            "fuse_requests_per_ls": sum(
+                d["latency"]["count"] - before["fuse"].get(op, {"latency": {"count": 0}})[
+                    "latency"]["count"] for op, d in after["fuse"].items()) / runs}
+
+        nostats = Mounted(work, "demo://", env={**os.environ, "RUCIO_FS_STATS": "0"})
+        mounts.append(nostats)
+        pair = {"stats_on": warm.path / "ls" / "files-10000",
+                "stats_off": nostats.path / "ls" / "files-10000"}
+        timed(["ls", "-l", str(pair["stats_off"])], 1)
+        samples: dict[str, list[float]] = {k: [] for k in pair}
+        for _ in range(args.repeat):  # interleaved, so drift hits both alike
+            for key, path in pair.items():
+                samples[key] += timed(["ls", "-l", str(path)], 1)
+        r = results["stats_overhead_warm_ls_l_10k"] = {k: summary(v) for k, v in samples.items()}
+        r["overhead"] = r["stats_on"]["median_s"] / r["stats_off"]["median_s"] - 1
+        results["config"] = warm.stats()["config"]
+    finally:
+        for m in mounts:
+            m.close()
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    w50, wl, wp = (results[k] for k in ("warm_ls_l_50k", "warm_ls_l_10k", "warm_ls_10k"))
+    c, s = results["cold_ls_l_10k_20ms"], results["stats_overhead_warm_ls_l_10k"]
+    print(f"| benchmark (median of {args.repeat}) | rucio-fs | baseline (same run) | ratio "
+          "| goal |")
+    print("|---|---:|---:|---:|---|")
+    print(f"| warm `ls -l` 50,000 | {w50['mount']['median_s']:.3f} s | tmpfs "
+          f"{w50['tmpfs']['median_s']:.3f} s | {w50['ratio']:.2f}x | ≤ 1.5x |")
+    print(f"| warm `ls -l` 10,000 | {wl['mount']['median_s']:.3f} s | tmpfs "
+          f"{wl['tmpfs']['median_s']:.3f} s | {wl['ratio']:.2f}x | ≤ 0.06 s |")
+    print(f"| warm `ls` 10,000 | {wp['mount']['median_s']:.4f} s | tmpfs "
+          f"{wp['tmpfs']['median_s']:.4f} s | {wp['ratio']:.2f}x | ≤ 0.016 s |")
+    trips = sum(c["round_trips_per_ls"].values())
+    print(f"| cold `ls -l` 10,000, 20 ms/request | {c['median_s']:.3f} s | {trips:g} round trips"
+          f" ({c['round_trips_per_ls']}) | {c['beyond_round_trips_s']:.3f} s beyond them"
+          f" | ≤ 0.15 s beyond 1 listing |")
+    o = results["all_layers_off_ls_l_10k_20ms"]
+    print(f"| `--cold` mount (every layer off) `ls -l` 10,000, 20 ms/request | "
+          f"{o['median_s']:.3f} s | backend {o['backend_calls_per_ls']}, "
+          f"{o['fuse_requests_per_ls']:.0f} FUSE requests | | information |")
+    print(f"| stats on vs off, warm `ls -l` 10,000 | {s['stats_on']['median_s']:.4f} s | "
+          f"{s['stats_off']['median_s']:.4f} s | {100 * s['overhead']:+.1f} % | ≤ 3 % |")
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
