@@ -51,7 +51,12 @@ FAULTS: Mapping[str, tuple[str, Callable[[], Exception]]] = {
     "eio.dat": ("read", lambda: Unavailable("demo: storage unavailable (injected)")),
     "crash.dat": ("read", lambda: RuntimeError("demo: backend bug (injected)")),
     "broken-listing": ("list", lambda: Unavailable("demo: listing stream broken (injected)")),
+    "hang.dat": ("read", lambda: _Hang()),
 }
+
+
+class _Hang(Exception):
+    """Not raised: makes the request hang, as a server that never answers."""
 
 
 def _dir(name: str) -> Entry:
@@ -180,7 +185,10 @@ class DemoBackend(Backend):
 
     async def read(self, handle: str, offset: int, size: int) -> bytes:
         await self._request("read")
-        self._inject(handle, "read")
+        try:
+            self._inject(handle, "read")
+        except _Hang:
+            await trio.sleep_forever()
         self.requests["read_bytes"] += size
         if handle == f"/big/{BIG_NAME}":
             return big_file_range(offset, size)

@@ -16,7 +16,7 @@ import trio
 
 from .backend import Backend, Entry, Kind
 from .caches import CacheLayer, Listing, byte_cache, ttl_cache
-from .config import CacheConfig
+from .config import MountConfig
 from .errors import IntegrityError, NotADirectory, NotFound, RucioFsError, Unavailable
 from .singleflight import SingleFlight
 from .stats import Stats, errno_name
@@ -47,7 +47,7 @@ def content_version(entry: Entry) -> str:
 class Catalog:
     """Cached, coalesced, measured access to a backend's namespace and data."""
 
-    def __init__(self, backend: Backend, config: CacheConfig, stats: Stats) -> None:
+    def __init__(self, backend: Backend, config: MountConfig, stats: Stats) -> None:
         self.backend = backend
         self.config = config
         self.stats = stats
@@ -76,7 +76,12 @@ class Catalog:
         op = self.stats.backend_call(call)
         start = time.perf_counter_ns()
         try:
-            return await fn()
+            with trio.fail_after(self.config.backend_timeout):
+                return await fn()
+        except trio.TooSlowError:
+            op.errors["ETIMEDOUT"] += 1
+            raise Unavailable(f"backend {call} timed out after "
+                              f"{self.config.backend_timeout:g} s") from None
         except RucioFsError as exc:
             op.errors[errno_name(exc.errno)] += 1
             raise

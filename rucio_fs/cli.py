@@ -10,7 +10,7 @@ import click
 
 from . import __version__, control, report
 from .catalog import LAYERS
-from .config import CacheConfig, parse_duration, parse_size
+from .config import MountConfig, parse_duration, parse_size
 from .daemon import MountRequest
 from .daemon import mount as do_mount
 from .daemon import unmount as do_unmount
@@ -39,7 +39,7 @@ class _Size(click.ParamType):
 
 
 DURATION, SIZE = _Duration(), _Size()
-DEFAULTS = CacheConfig()
+DEFAULTS = MountConfig()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,6 +82,8 @@ def cli() -> None:
               help="Data cache block size.")
 @click.option("--attr-window", type=DURATION, default=DEFAULTS.attr_window, show_default=True,
               help="How long just-fetched attributes answer follow-up lookups (0: re-stat).")
+@click.option("--timeout", type=DURATION, default=DEFAULTS.backend_timeout, show_default=True,
+              help="Longest a backend call may take before the operation fails with EIO.")
 @click.option("--xattrs/--no-xattrs", default=False, show_default=True,
               help="Expose checksums and metadata as user.* xattrs. Off by default: `ls -l` "
                    "asks two xattrs per file, each a FUSE round trip.")
@@ -92,20 +94,22 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
           no_listing_cache: bool, no_data_cache: bool, no_coalescing: bool, kernel_ttl: float,
           immutable_ttl: float, negative_ttl: float, metadata_ttl: float,
           metadata_max_entries: int, listing_ttl: float, listing_max_entries: int,
-          data_cache_size: int, block_size: int, attr_window: float, xattrs: bool,
+          data_cache_size: int, block_size: int, attr_window: float, timeout: float,
+          xattrs: bool,
           max_tasks: int) -> int:
     """Mount the catalog at URL (demo://, ...) on MOUNTPOINT.
 
     Returns once the mount is ready, leaving the daemon in the background (unless -f).
     """
-    cache = CacheConfig(
+    cache = MountConfig(
         kernel=not (cold or no_kernel_cache), metadata=not (cold or no_metadata_cache),
         listing=not (cold or no_listing_cache), data=not (cold or no_data_cache),
         coalescing=not no_coalescing, kernel_ttl=kernel_ttl, immutable_ttl=immutable_ttl,
         negative_ttl=negative_ttl, metadata_ttl=metadata_ttl,
         metadata_max_entries=metadata_max_entries, listing_ttl=listing_ttl,
         listing_max_entries=listing_max_entries, data_max_bytes=data_cache_size,
-        block_size=block_size, attr_window=attr_window).check()
+        block_size=block_size, attr_window=attr_window,
+        backend_timeout=timeout).check()
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
                                  log_file, max_tasks, xattrs))
 

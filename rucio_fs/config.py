@@ -1,4 +1,4 @@
-"""Mount configuration: every cache layer's switch, TTL and size, parsed once at mount time."""
+"""Mount configuration: every cache layer's switch, TTL and size, and the backend call timeout."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ def parse_size(text: str) -> int:
 
 
 @dataclass(frozen=True)
-class CacheConfig:
-    """Which cache layers are on, and their bounds. ``cold()`` turns every layer off.
+class MountConfig:
+    """Which cache layers are on, their bounds, and the backend call timeout.
 
     Layers: kernel (entry/attr/negative timeouts, page cache across opens), metadata (stat
     results), listing (whole directory listings), data (blocks in memory), plus coalescing of
@@ -58,24 +58,25 @@ class CacheConfig:
     data_max_bytes: int = 256 << 20
     block_size: int = 1 << 20
     attr_window: float = 1.0
+    #: No backend call may take longer: past it the FUSE request fails with EIO, never hangs.
+    backend_timeout: float = 120.0
 
-    def cold(self) -> CacheConfig:
-        return self.replace(kernel=False, metadata=False, listing=False, data=False)
-
-    def replace(self, **changes: object) -> CacheConfig:
+    def replace(self, **changes: object) -> MountConfig:
         values = asdict(self)
         values.update(changes)
-        return CacheConfig(**values)  # type: ignore[arg-type]
+        return MountConfig(**values)  # type: ignore[arg-type]
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 
-    def check(self) -> CacheConfig:
+    def check(self) -> MountConfig:
         """Reject values that cannot work; returns self so it chains."""
         for name in ("kernel_ttl", "immutable_ttl", "negative_ttl", "metadata_ttl",
                      "listing_ttl", "attr_window"):
             if getattr(self, name) < 0:
                 raise InvalidInput(f"{name.replace('_', '-')} must not be negative")
+        if self.backend_timeout <= 0:
+            raise InvalidInput("timeout must be positive")
         if not 4096 <= self.block_size <= 64 << 20 or self.block_size & (self.block_size - 1):
             raise InvalidInput("block-size must be a power of two between 4K and 64M")
         for name in ("metadata_max_entries", "listing_max_entries", "data_max_bytes"):

@@ -23,7 +23,7 @@ import trio
 from . import __version__, control
 from .backend import Backend, Capability
 from .catalog import LAYERS, Catalog
-from .config import CacheConfig
+from .config import MountConfig
 from .errors import InvalidInput, NotADirectory, RucioFsError, Unavailable
 from .fs import RucioFs
 from .mounts import find_mount, require_rucio_fs, runtime_dir, socket_path
@@ -37,7 +37,7 @@ log = logging.getLogger("rucio_fs")
 class MountRequest:
     url: str
     mountpoint: str
-    cache: CacheConfig = field(default_factory=CacheConfig)
+    cache: MountConfig = field(default_factory=MountConfig)
     foreground: bool = False
     debug: bool = False
     allow_other: bool = False

@@ -24,7 +24,7 @@ import trio
 from .backend import Capability, Entry
 from .caches import Listing
 from .catalog import Catalog, child_path, content_version
-from .config import CacheConfig
+from .config import MountConfig
 from .errors import NotADirectory, NotFound, RucioFsError
 from .inodes import ROOT_INO, Inode, InodeTable
 from .stats import Stats, errno_name
@@ -88,7 +88,7 @@ class _FileHandle:
 class RucioFs(pyfuse3.Operations):
     """A read-only view of one catalog. Construct, then ``pyfuse3.init`` and ``pyfuse3.main``."""
 
-    def __init__(self, catalog: Catalog, root_entry: Entry, config: CacheConfig, stats: Stats,
+    def __init__(self, catalog: Catalog, root_entry: Entry, config: MountConfig, stats: Stats,
                  uid: int | None = None, gid: int | None = None, xattrs: bool = False) -> None:
         super().__init__()
         self.catalog = catalog

@@ -133,6 +133,17 @@ def test_backend_faults_become_errno_and_one_log_line(mount_demo):
     assert unavailable >= 1 and crashed >= 1 and unavailable + crashed == failed_reads
 
 
+def test_a_hanging_backend_call_times_out_with_eio(mount_demo):
+    m = mount_demo("demo://?faults=1", "--timeout", "0.5s")
+    started = time.monotonic()
+    with pytest.raises(OSError) as exc:
+        (m.path / "faults" / "hang.dat").read_bytes()
+    assert exc.value.errno == errno.EIO
+    assert time.monotonic() - started < 10
+    assert m.stats()["backend"]["read"]["errors"]["ETIMEDOUT"] >= 1
+    assert "read failed: backend read timed out after 0.5 s" in m.log_text()
+
+
 def test_unmount_waits_for_the_daemon(mount_demo):
     m = mount_demo()
     pid = m.stats()["pid"]
