@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
 import click
 
-from . import __version__, control, report
+from . import __version__, control, report, tracing
 from .catalog import LAYERS
 from .config import MountConfig, parse_duration, parse_size
 from .daemon import MountRequest
@@ -160,6 +161,34 @@ def stats(args: tuple[str, ...], fmt: str, reset: bool, everything: bool) -> Non
     if len(args) != 1:
         raise click.UsageError("stats takes one MOUNTPOINT (or: stats diff A.csv B.csv)")
     click.echo(report.render(control.request(args[0], "stats", reset=reset), fmt))
+
+
+@cli.command()
+@click.argument("mountpoint")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--duration", type=DURATION, help="Trace for this long (default: until Ctrl-C).")
+@click.option("--format", "fmt", type=click.Choice(("table", "csv", "json")), default="table",
+              show_default=True)
+@click.option("--buffer-mb", type=click.IntRange(1, 4096), default=64, show_default=True,
+              help="Kernel trace buffer per CPU.")
+@click.option("--mount-tracefs", is_flag=True, help="Mount tracefs if it is not mounted.")
+def trace(mountpoint: str, command: tuple[str, ...], duration: float | None, fmt: str,
+          buffer_mb: int, mount_tracefs: bool) -> int:
+    """Trace a mount's FUSE requests in the kernel and in the daemon, joined.
+
+    \b
+    rucio-fs trace MOUNTPOINT --duration 10
+    rucio-fs trace MOUNTPOINT -- ls -l MOUNTPOINT/some/dir   (the command's output goes to stderr)
+    """
+    argv = list(command[1:] if command[:1] == ("--",) else command)
+    code, result = tracing.run_trace(mountpoint, argv, duration, buffer_mb, mount_tracefs)
+    if fmt == "json":
+        click.echo(json.dumps(result, indent=2))
+    elif fmt == "csv":
+        click.echo(report.to_csv(tracing.flatten(result)))
+    else:
+        click.echo(tracing.render_table(result))
+    return code
 
 
 @cli.command()

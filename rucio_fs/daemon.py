@@ -29,6 +29,7 @@ from .fs import RucioFs
 from .mounts import find_mount, require_rucio_fs, runtime_dir, socket_path
 from .registry import open_backend
 from .stats import Stats
+from .tracing import RequestRecorder
 
 log = logging.getLogger("rucio_fs")
 
@@ -236,6 +237,16 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
             ops.drop_caches(layers)
             invalidated = await ops.drop_kernel_cache() if "kernel" in layers else 0
             return {"layers": layers, "kernel_inodes_invalidated": invalidated}
+        if op == "trace_start":
+            if ops.recorder is not None:
+                log.warning("a trace was still recording (its client is gone?); starting anew")
+            ops.recorder = RequestRecorder(int(message.get("limit", 2_000_000)))
+            return {"clock": "CLOCK_MONOTONIC"}
+        if op == "trace_stop":
+            recorder, ops.recorder = ops.recorder, None
+            if recorder is None:
+                raise InvalidInput("no trace is recording on this mount")
+            return {"records": recorder.records, "dropped": recorder.dropped}
         raise InvalidInput(f"unknown control op {op!r}")
 
     return handle

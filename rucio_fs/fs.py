@@ -28,6 +28,7 @@ from .config import MountConfig
 from .errors import NotADirectory, NotFound, RucioFsError
 from .inodes import ROOT_INO, Inode, InodeTable
 from .stats import Stats, errno_name
+from .tracing import RequestRecorder
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -49,24 +50,30 @@ def fuse_op(fn: F) -> F:
     @functools.wraps(fn)
     async def wrapper(self: RucioFs, *args: Any) -> Any:
         op = self.stats.fuse_op(name)
-        start = time.perf_counter_ns() if TIMING else 0
+        recorder = self.recorder
+        start = time.perf_counter_ns() if TIMING or recorder is not None else 0
+        code = 0
         try:
             return await fn(self, *args)
         except pyfuse3.FUSEError as exc:
-            op.errors[errno_name(exc.errno)] += 1
+            code = exc.errno
             raise
         except RucioFsError as exc:
-            op.errors[errno_name(exc.errno)] += 1
-            if exc.errno != errno.ENOENT:
+            code = exc.errno
+            if code != errno.ENOENT:
                 log.warning("%s failed: %s", name, exc)
-            raise pyfuse3.FUSEError(exc.errno) from None
+            raise pyfuse3.FUSEError(code) from None
         except Exception:
-            op.errors["EIO"] += 1
+            code = errno.EIO
             log.exception("%s failed unexpectedly", name)
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
+            if code:
+                op.errors[errno_name(code)] += 1
             if TIMING:
                 op.latency.add(time.perf_counter_ns() - start)
+            if recorder is not None:
+                recorder.add(name, start, time.perf_counter_ns(), code)
 
     return wrapper  # type: ignore[return-value]
 
@@ -99,6 +106,8 @@ class RucioFs(pyfuse3.Operations):
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
         self.writable = bool(catalog.backend.capabilities & Capability.WRITE)
+        #: Set while `rucio-fs trace` runs: every request's op, start, end and errno.
+        self.recorder: RequestRecorder | None = None
         self._dirs: dict[int, _DirHandle] = {}
         self._files: dict[int, _FileHandle] = {}
         self._next_fh = 1

@@ -1,0 +1,132 @@
+"""`rucio-fs trace`: kernel tracepoints joined with the daemon's own request records."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import RUCIO_FS, run_cli
+from test_cli_errors import assert_one_line_error
+
+from rucio_fs import tracing
+
+TRACEFS = Path("/sys/kernel/tracing")
+
+
+def tracing_state() -> dict[str, str]:
+    """The global tracing state a trace must leave as it found it."""
+    state = {}
+    for name in ("tracing_on", "current_tracer", "trace_clock", "buffer_size_kb",
+                 "events/fuse/fuse_request_send/enable", "events/fuse/fuse_request_end/enable",
+                 "events/fuse/fuse_request_send/filter"):
+        state[name] = (TRACEFS / name).read_text()
+    state["instances"] = " ".join(sorted(os.listdir(TRACEFS / "instances")))
+    return state
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tracefs_mounted() -> None:
+    # Fresh machines may not have tracefs mounted: the tool's own --mount-tracefs does it.
+    tracing.check_tracing(mount_tracefs=True)
+
+
+def trace_json(m, *command: str, extra: tuple[str, ...] = ()) -> dict:
+    result = run_cli("trace", str(m.path), "--format", "json", *extra, "--", *command,
+                     check=True)
+    return json.loads(result.stdout)
+
+
+def test_trace_ls_matches_daemon_counters(mount_demo):
+    m = mount_demo()
+    before = tracing_state()
+    m.stats(reset=True)
+    report = trace_json(m, "ls", "-l", str(m.path / "ls" / "files-500"))
+    snap = m.stats()
+    ops = report["ops"]
+    for opcode, daemon_op in (("FUSE_OPENDIR", "opendir"), ("FUSE_READDIRPLUS", "readdir"),
+                              ("FUSE_LOOKUP", "lookup")):
+        assert ops[opcode]["count"] == m.fuse_calls(daemon_op, snap) >= 1, opcode
+        assert ops[opcode]["joined"] == ops[opcode]["count"], opcode
+        assert ops[opcode]["unanswered"] == 0
+    assert ops["FUSE_LOOKUP"]["count"] >= 2  # ls/ and files-500/
+    for opcode, data in ops.items():
+        if data["joined"]:
+            # Kernel-observed latency covers the daemon's time for every joined request.
+            assert data["min_outside_ns"] >= 0, opcode
+            assert data["kernel"]["total_ns"] >= data["daemon"]["total_ns"]
+    assert report["lost_events"] == 0
+    assert tracing_state() == before
+
+
+def test_trace_csv_works_with_stats_diff(mount_demo, tmp_path):
+    on = mount_demo()
+    off = mount_demo("demo://", "--no-kernel-cache")
+    files = []
+    for m, name in ((on, "on.csv"), (off, "off.csv")):
+        d = str(m.path / "ls" / "files-500")
+        run_cli("trace", str(m.path), "--", "ls", "-l", d, check=True)  # warm up
+        out = run_cli("trace", str(m.path), "--format", "csv", "--", "ls", "-l", d, check=True)
+        (tmp_path / name).write_text(out.stdout)
+        files.append(str(tmp_path / name))
+    rows = dict(line.split(",", 1) for line in (tmp_path / "off.csv").read_text().splitlines())
+    assert int(rows["trace.FUSE_LOOKUP.count"]) >= 500  # every entry revalidated
+    diff = run_cli("stats", "diff", *files, check=True).stdout
+    assert any(line.startswith("trace.FUSE_LOOKUP.count ") and "!!!" in line
+               for line in diff.splitlines())
+
+
+def test_duration_and_table(mount_demo):
+    m = mount_demo()
+    result = run_cli("trace", str(m.path), "--duration", "0.2", check=True)
+    assert result.stdout.startswith("FUSE connection ")
+
+
+def test_errors_restore_state(mount_demo):
+    m = mount_demo()
+    before = tracing_state()
+    assert_one_line_error(run_cli("trace", str(m.path), "--", "no-such-command-xyz"),
+                          "command not found: no-such-command-xyz")
+    assert tracing_state() == before
+    assert_one_line_error(run_cli("trace", "/proc", "--duration", "1"), "not a rucio-fs mount")
+    assert_one_line_error(run_cli("trace", str(m.path), "--duration", "1", "--", "true"),
+                          "either --duration or a command")
+
+
+def test_tracefs_not_mounted(mount_demo):
+    m = mount_demo()
+    script = 'mount -t tmpfs none /sys/kernel && exec "$@"'
+    import subprocess
+
+    base = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+            *RUCIO_FS, "trace", str(m.path)]
+    result = subprocess.run([*base, "--duration", "0.1"], capture_output=True, text=True)
+    assert_one_line_error(result, "tracefs is not mounted", "--mount-tracefs")
+    result = subprocess.run([*base, "--mount-tracefs", "--format", "json", "--", "ls", str(m.path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["ops"]["FUSE_OPENDIR"]["joined"] == 1
+
+
+def test_not_root(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(tracing.TraceError, match="tracing needs root"):
+        tracing.check_tracing()
+
+
+def test_kernel_without_tracepoints(monkeypatch, tmp_path):
+    (tmp_path / "instances").mkdir()
+    monkeypatch.setattr(tracing, "TRACEFS_ROOTS", (str(tmp_path),))
+    with pytest.raises(tracing.TraceError, match=r"no fuse:fuse_request_send tracepoint"):
+        tracing.check_tracing()
+
+
+def test_join_by_containment():
+    k = [tracing.KernelRequest(1, "FUSE_LOOKUP", 1_000, 9_000),
+         tracing.KernelRequest(2, "FUSE_LOOKUP", 2_000, 5_000),
+         tracing.KernelRequest(3, "FUSE_GETATTR", 2_500, None)]
+    unjoined = tracing.join(k, [("lookup", 2_500, 4_000, 0), ("lookup", 3_000, 8_000, 0),
+                                ("forget", 3_000, 3_100, 0)])
+    assert k[0].daemon == (2_500, 4_000) and k[1].daemon is None
+    assert unjoined == {"lookup": 1, "forget": 1}
