@@ -88,6 +88,11 @@ def cli() -> None:
 @click.option("--xattrs/--no-xattrs", default=False, show_default=True,
               help="Expose checksums and metadata as user.* xattrs. Off by default: `ls -l` "
                    "asks two xattrs per file, each a FUSE round trip.")
+@click.option("--read-ahead-kb", type=click.IntRange(0, 1 << 20), default=1024,
+              show_default=True,
+              help="Kernel read-ahead of the mount (root only; 0 keeps the kernel default).")
+@click.option("--max-background", type=click.IntRange(0, 65535), default=64, show_default=True,
+              help="FUSE background requests in flight (root only; 0 keeps the default).")
 @click.option("--max-tasks", type=click.IntRange(1, 10_000), default=256, show_default=True,
               help="Most FUSE requests served concurrently.")
 def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other: bool,
@@ -96,8 +101,7 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
           immutable_ttl: float, negative_ttl: float, metadata_ttl: float,
           metadata_max_entries: int, listing_ttl: float, listing_max_entries: int,
           data_cache_size: int, block_size: int, attr_window: float, timeout: float,
-          xattrs: bool,
-          max_tasks: int) -> int:
+          xattrs: bool, read_ahead_kb: int, max_background: int, max_tasks: int) -> int:
     """Mount the catalog at URL (demo://, ...) on MOUNTPOINT.
 
     Returns once the mount is ready, leaving the daemon in the background (unless -f).
@@ -112,7 +116,7 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
         block_size=block_size, attr_window=attr_window,
         backend_timeout=timeout).check()
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
-                                 log_file, max_tasks, xattrs))
+                                 log_file, max_tasks, xattrs, read_ahead_kb, max_background))
 
 
 @cli.command()

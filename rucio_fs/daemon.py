@@ -20,7 +20,7 @@ from typing import Any
 import pyfuse3
 import trio
 
-from . import __version__, control
+from . import __version__, control, kernel_tuning
 from .backend import Backend, Capability
 from .catalog import LAYERS, Catalog
 from .config import MountConfig
@@ -45,6 +45,8 @@ class MountRequest:
     log_file: str | None = None
     max_tasks: int = 256
     xattrs: bool = False
+    read_ahead_kb: int = 1024
+    max_background: int = 64
 
 
 def check_mountpoint(mountpoint: str) -> str:
@@ -185,9 +187,7 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
         async with trio.open_nursery() as nursery:
             await nursery.start(control.serve, socket_path(minor), handler)
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
-            log.info("mounted %s on %s (fuse connection %d)", req.url, req.mountpoint, minor)
-            _report(state["ready_fd"], "ok")
-            state["ready_fd"] = None
+            nursery.start_soon(_finish_mount, req, minor, stats, state)
             await pyfuse3.main(min_tasks=4, max_tasks=req.max_tasks)
             # main() returns when the kernel ended the session (fusermount -u): already gone.
             unmount = False
@@ -196,6 +196,21 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
         pyfuse3.close(unmount=unmount)
         await backend.aclose()
         log.info("unmounted %s", req.mountpoint)
+
+
+async def _finish_mount(req: MountRequest, minor: int, stats: Stats,
+                        state: dict[str, int | None]) -> None:
+    """Once the kernel has finished FUSE_INIT, tune the mount and tell the invoker it is ready.
+
+    A stat of the mountpoint (from a worker thread: this loop must answer it) returns only
+    after the kernel processed our INIT reply, which would otherwise reset the read-ahead.
+    """
+    await trio.to_thread.run_sync(os.stat, req.mountpoint)
+    stats.static["kernel"].update(kernel_tuning.tune(minor, req.read_ahead_kb,
+                                                     req.max_background))
+    log.info("mounted %s on %s (fuse connection %d)", req.url, req.mountpoint, minor)
+    _report(state["ready_fd"], "ok")
+    state["ready_fd"] = None
 
 
 async def _stop_on_signal(scope: trio.CancelScope) -> None:

@@ -98,3 +98,20 @@ def test_statfs(mount_demo):
     usage = shutil.disk_usage(m.path)
     assert usage.total > BIG_SIZE
     assert os.statvfs(m.path).f_namemax == 255
+
+
+def test_kernel_read_ahead_is_raised_and_reported(mount_demo):
+    from rucio_fs.mounts import find_mount
+
+    raised = mount_demo()
+    minor = find_mount(str(raised.path)).minor
+    bdi = f"/sys/class/bdi/0:{minor}/read_ahead_kb"
+    with open(bdi) as f:
+        assert f.read().strip() == "1024"
+    kernel = raised.stats()["kernel"]
+    assert kernel["read_ahead_kb"]["now"] == 1024 and kernel["max_background"]["now"] == 64
+    kept = mount_demo("demo://", "--read-ahead-kb", "0", "--max-background", "0")
+    kernel = kept.stats()["kernel"]
+    assert "read_ahead_kb" not in kernel and "max_background" not in kernel
+    with open(f"/sys/class/bdi/0:{find_mount(str(kept.path)).minor}/read_ahead_kb") as f:
+        assert f.read().strip() != "1024"
