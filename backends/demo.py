@@ -53,6 +53,8 @@ FAULTS: Mapping[str, tuple[str, Callable[[], Exception]]] = {
     "broken-listing": ("list", lambda: Unavailable("demo: listing stream broken (injected)")),
     "hang.dat": ("read", lambda: _Hang()),
 }
+#: Listed with file 1's checksum, holds file 2's bytes: fails checksum verification.
+CORRUPT = "corrupt.dat"
 
 
 class _Hang(Exception):
@@ -137,6 +139,7 @@ class DemoBackend(Backend):
             entries = [_file(BIG_NAME, BIG_SIZE, adler32=BIG_ADLER32, md5=BIG_MD5)]
         elif parts == ["faults"] and self.faults:
             entries = [_file(n, SMALL_SIZE) if n.endswith(".dat") else _dir(n) for n in FAULTS]
+            entries.append(_file(CORRUPT, SMALL_SIZE, adler32=small_file_adler32(1)))
         else:
             self._entry(path)  # raises NotFound / NotADirectory as appropriate
             entries = []
@@ -194,6 +197,8 @@ class DemoBackend(Backend):
             return big_file_range(offset, size)
         if handle == "/README.txt":
             return README[offset:offset + size]
+        if handle == f"/faults/{CORRUPT}":
+            return small_file(2)[offset:offset + size]
         return small_file(_file_number(handle.rpartition("/")[2]))[offset:offset + size]
 
     async def usage(self) -> FsUsage:

@@ -49,6 +49,9 @@ class CacheLayer(Generic[V]):
             return
         self._counters["stores"] += 1
 
+    def cached_keys(self) -> list[Any]:
+        return list(self._cache.keys())
+
     def discard(self, key: Hashable) -> None:
         self._cache.pop(key, None)
 

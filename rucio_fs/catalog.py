@@ -187,6 +187,11 @@ class Catalog:
 
         return await self._call("read", key, fetch)
 
+    def discard_data(self, path: str) -> None:
+        """Forget every cached block of ``path`` (e.g. after it failed verification)."""
+        for key in [k for k in self.data.cached_keys() if k[0] == path]:
+            self.data.discard(key)
+
     def drop(self, layers: Iterable[str]) -> None:
         """Empty the named user-space layers (the kernel layer is the FUSE layer's job)."""
         for layer in layers:

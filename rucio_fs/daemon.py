@@ -188,6 +188,7 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
             await nursery.start(control.serve, socket_path(minor), handler)
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             nursery.start_soon(_finish_mount, req, minor, stats, state)
+            ops.nursery = nursery
             await pyfuse3.main(min_tasks=4, max_tasks=req.max_tasks)
             # main() returns when the kernel ended the session (fusermount -u): already gone.
             unmount = False

@@ -25,8 +25,9 @@ from .backend import Capability, Entry
 from .caches import Listing
 from .catalog import Catalog, child_path, content_version
 from .config import MountConfig
-from .errors import NotADirectory, NotFound, RucioFsError
+from .errors import IntegrityError, NotADirectory, NotFound, RucioFsError
 from .inodes import ROOT_INO, Inode, InodeTable
+from .integrity import StreamVerifier, verifier_for
 from .stats import Stats, errno_name
 from .tracing import RequestRecorder
 
@@ -78,6 +79,10 @@ def fuse_op(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: ``Inode.cached_version`` of a file whose pages must be dropped at the next open.
+INVALID = "\0invalid"
+
+
 @dataclass(slots=True)
 class _DirHandle:
     inode: Inode
@@ -90,6 +95,7 @@ class _FileHandle:
     inode: Inode
     entry: Entry
     backend_handle: Any
+    verifier: StreamVerifier | None
 
 
 class RucioFs(pyfuse3.Operations):
@@ -106,6 +112,8 @@ class RucioFs(pyfuse3.Operations):
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
         self.writable = bool(catalog.backend.capabilities & Capability.WRITE)
+        #: Where background work (checksum hashing) runs; set by the daemon before serving.
+        self.nursery: trio.Nursery | None = None
         #: Set while `rucio-fs trace` runs: every request's op, start, end and errno.
         self.recorder: RequestRecorder | None = None
         self._dirs: dict[int, _DirHandle] = {}
@@ -265,22 +273,42 @@ class RucioFs(pyfuse3.Operations):
         entry = await self._revalidate(node)
         backend_handle = await self.catalog.open(node.path, entry)
         version = content_version(entry)
-        # Keep the kernel's page cache only when it can hold nothing but this very content.
-        keep = self.config.kernel and (entry.immutable or node.cached_version == version)
+        # Keep the kernel's page cache only when it can hold nothing but this very content:
+        # pages of this version, or none yet of an immutable file. A failed verification
+        # leaves INVALID, so the next open drops whatever pages that read left behind.
+        seen = node.cached_version
+        keep = self.config.kernel and (seen == version or (seen is None and entry.immutable))
         node.cached_version = version if self.config.kernel else None
+        verifier = None
+        if self.config.verify and seen != version:  # a new version's first pass is verified
+            verifier = verifier_for(node.path, entry.size, entry.checksums)
+            if verifier is not None:
+                self.nursery.start_soon(verifier.run)
         fh = self._new_fh()
-        self._files[fh] = _FileHandle(node, entry, backend_handle)
+        self._files[fh] = _FileHandle(node, entry, backend_handle, verifier)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     @fuse_op
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._files[fh]
-        return await self.catalog.read(handle.inode.path, handle.entry, handle.backend_handle,
+        data = await self.catalog.read(handle.inode.path, handle.entry, handle.backend_handle,
                                        off, size)
+        if handle.verifier is not None:
+            try:
+                await handle.verifier.feed(off, data)
+            except IntegrityError:
+                # Neither our blocks nor the kernel's pages of this file may be served again.
+                self.catalog.discard_data(handle.inode.path)
+                handle.inode.cached_version = INVALID
+                raise
+        return data
 
     @fuse_op
     async def release(self, fh: int) -> None:
         handle = self._files.pop(fh)
+        if handle.verifier is not None:
+            await handle.verifier.close()
+            self.stats.events[f"checksum_{handle.verifier.state}"] += 1
         await self.catalog.close(handle.backend_handle)
 
     @fuse_op

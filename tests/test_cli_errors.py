@@ -168,3 +168,22 @@ def test_sigterm_unmounts_cleanly(mount_demo):
     else:
         raise AssertionError("daemon still running after SIGTERM")
     assert "received SIGTERM, unmounting" in m.log_text()
+
+
+def test_checksum_mismatch_is_eio_never_wrong_data(mount_demo):
+    m = mount_demo("demo://?faults=1")
+    corrupt = m.path / "faults" / "corrupt.dat"
+    for _ in range(2):  # nothing cached may serve the bad bytes afterwards
+        with pytest.raises(OSError) as exc:
+            corrupt.read_bytes()
+        assert exc.value.errno == errno.EIO
+    mismatches = sum("adler32 mismatch: the catalog says" in line
+                     for line in m.log_text().splitlines())
+    assert mismatches >= 2  # one line per failed request; the kernel retries a read once
+    good = m.path / "ls" / "files-500" / "file-000001.dat"
+    good.read_bytes()
+    events = wait_for(lambda: (e := m.stats()["events"]) and "checksum_verified" in e and e)
+    assert events["checksum_verified"] == 1 and events["checksum_mismatch"] == 2
+
+    unverified = mount_demo("demo://?faults=1", "--no-verify")
+    assert (unverified.path / "faults" / "corrupt.dat").read_bytes().startswith(b"0000002\n")

@@ -179,3 +179,39 @@ def test_single_flight_shares_one_call(callers, enabled, fail):
     assert counter["list"] == (callers - 1 if enabled else 0)
     assert len(results) == callers
     assert all(isinstance(r, Unavailable) if fail else r == 42 for r in results)
+
+
+@given(st.binary(min_size=2, max_size=3000), st.data(), st.booleans())
+def test_stream_verifier_any_read_order(content, data, corrupt):
+    import zlib
+
+    from rucio_fs.errors import IntegrityError
+    from rucio_fs.integrity import verifier_for
+
+    expected = f"{zlib.adler32(content):08x}"
+    served = bytearray(content)
+    if corrupt:
+        served[data.draw(st.integers(0, len(content) - 1))] ^= 0xFF
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(content) - 1), max_size=8))))
+    bounds = zip([0, *cuts], [*cuts, len(content)], strict=True)
+    chunks = [(a, bytes(served[a:b])) for a, b in bounds]
+    chunks += data.draw(st.lists(st.sampled_from(chunks), max_size=3))  # kernel re-reads
+    order = data.draw(st.permutations(chunks))
+    verifier = verifier_for("/f", len(content), {"adler32": expected, "md5": "ignored"})
+    assert verifier is not None and verifier.algorithm == "adler32"
+    raised = False
+
+    async def read_all() -> None:
+        nonlocal raised
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(verifier.run)
+            for offset, chunk in order:
+                try:
+                    await verifier.feed(offset, chunk)
+                except IntegrityError:
+                    raised = True
+            await verifier.close()
+
+    trio.run(read_all)
+    assert verifier.state == ("mismatch" if corrupt else "verified")
+    assert raised == corrupt

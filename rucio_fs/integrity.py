@@ -1,0 +1,159 @@
+"""Checksum verification of a file's first sequential whole-file read.
+
+When the catalog knows a file's checksum, the bytes handed to the kernel during one sequential
+pass over an open file are hashed as they go; at the end the digest must match, or the read
+that completes the pass fails with EIO. Reads may arrive slightly out of order (the kernel
+issues read-ahead requests in parallel): chunks ahead of the hashed prefix wait in a bounded
+reorder buffer. A pass that jumps around more than that is not verified (nothing is claimed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+
+from .errors import IntegrityError
+
+#: Checksum names as catalogs spell them, in order of preference (cheapest first).
+ALGORITHMS = ("adler32", "md5", "sha256", "sha512", "sha1")
+MAX_PENDING = 64 << 20
+#: Bytes gathered before a batch is handed to the hashing thread, and batches queued at most.
+BATCH = 8 << 20
+QUEUE_BATCHES = 4
+
+
+class _Adler32:
+    def __init__(self) -> None:
+        self.value = 1
+
+    def update(self, data: Any) -> None:
+        self.value = zlib.adler32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
+class StreamVerifier:
+    """Hashes one sequential pass over a file; :meth:`feed` raises on a mismatch at the end.
+
+    Bookkeeping is synchronous, so data is queued for hashing in file order. Batches of
+    ``BATCH`` bytes are hashed by one consumer task per verifier in a worker thread (zlib and
+    hashlib release the GIL) while reads go on; only the read that completes the pass waits
+    for the digest. Call :meth:`run` in a nursery and :meth:`close` when the file is released.
+    """
+
+    def __init__(self, path: str, algorithm: str, expected: str, size: int) -> None:
+        self.path = path
+        self.algorithm = algorithm
+        self.expected = expected.lower().zfill(8) if algorithm == "adler32" else expected.lower()
+        self.size = size
+        self.hashed = 0  # bytes queued for hashing, a prefix of the file
+        self.state = "verifying"  # → "verified", "mismatch" or "abandoned"
+        self._hash: Any = _Adler32() if algorithm == "adler32" else hashlib.new(algorithm)
+        self._pending: dict[int, bytes] = {}
+        self._pending_bytes = 0
+        self._mismatch = ""
+        self._batch: list[memoryview] = []
+        self._batched = 0
+        self._send, self._receive = trio.open_memory_channel[list[memoryview]](QUEUE_BATCHES)
+        self._done = trio.Event()
+        self._closing = False
+
+    async def run(self) -> None:
+        """The consumer: hashes batches in order, then settles the verdict."""
+        async with self._receive:
+            async for views in self._receive:
+                await trio.to_thread.run_sync(self._update, views)
+        if self.state == "verifying":
+            actual = self._hash.hexdigest()
+            if self.hashed < self.size:
+                self.state = "abandoned"  # closed before the pass was complete
+            elif actual == self.expected:
+                self.state = "verified"
+            else:
+                self.state = "mismatch"
+                self._mismatch = (f"{self.path}: {self.algorithm} mismatch: the catalog says "
+                                  f"{self.expected}, the data gives {actual}")
+        self._done.set()
+
+    async def close(self) -> None:
+        """No more reads: wait for the consumer to settle the verdict (an incomplete pass is
+        "abandoned")."""
+        self._closing = True
+        await self._send.aclose()
+        await self._done.wait()
+
+    async def feed(self, offset: int, data: bytes) -> None:
+        """Account for ``data`` read at ``offset``; IntegrityError once the pass mismatched
+        (and on every later read of this handle: the kernel retries a failed read-ahead)."""
+        if self.state == "mismatch":
+            raise IntegrityError(self._mismatch)
+        if self._closing:  # the pass is complete: re-reads wait for its verdict
+            await self._done.wait()
+            if self.state == "mismatch":
+                raise IntegrityError(self._mismatch)
+            return
+        if self.state != "verifying" or not data:
+            return
+        views = self._advance(offset, data)
+        self._batch += views
+        self._batched += sum(len(v) for v in views)
+        complete = self.hashed >= self.size
+        if self._batched >= BATCH or (complete and self._batch):
+            batch, self._batch, self._batched = self._batch, [], 0
+            await self._send.send(batch)  # waits when the consumer is QUEUE_BATCHES behind
+        if complete and self.state == "verifying":
+            self._closing = True
+            await self._send.aclose()
+            await self._done.wait()
+            if self.state == "mismatch":
+                raise IntegrityError(self._mismatch)
+
+    def _advance(self, offset: int, data: bytes) -> list[memoryview]:
+        """Move the hashed prefix over ``data`` and any waiting chunks it reaches."""
+        if offset > self.hashed:
+            if self._pending_bytes + len(data) > MAX_PENDING:
+                self._abandon()
+            elif offset not in self._pending:
+                self._pending[offset] = data
+                self._pending_bytes += len(data)
+            return []
+        views = self._take(offset, data)
+        ready = sorted(start for start in self._pending if start <= self.hashed)
+        while ready:  # waiting chunks the prefix has reached (re-reads add nothing)
+            for start in ready:
+                chunk = self._pending.pop(start)
+                self._pending_bytes -= len(chunk)
+                views += self._take(start, chunk)
+            ready = sorted(start for start in self._pending if start <= self.hashed)
+        return views
+
+    def _take(self, offset: int, data: bytes) -> list[memoryview]:
+        skip = self.hashed - offset
+        if skip >= len(data):
+            return []
+        self.hashed += len(data) - skip
+        return [memoryview(data)[skip:]]
+
+    def _update(self, views: list[memoryview]) -> None:
+        for view in views:
+            self._hash.update(view)
+
+    def _abandon(self) -> None:
+        self.state = "abandoned"
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._batch, self._batched = [], 0
+
+
+def verifier_for(path: str, size: int, checksums: Mapping[str, str]) -> StreamVerifier | None:
+    """A verifier for the cheapest checksum the catalog gave, or None if it gave none."""
+    for algorithm in ALGORITHMS:
+        expected = checksums.get(algorithm)
+        if expected:
+            return StreamVerifier(path, algorithm, expected, size)
+    return None
