@@ -39,6 +39,10 @@ class CacheLayer(Generic[V]):
         self._counters["misses"] += 1
         return None
 
+    def peek(self, key: Hashable) -> V | None:
+        """Like :meth:`get`, without counting a hit or a miss."""
+        return self._cache.get(key) if self.enabled else None
+
     def put(self, key: Hashable, value: V) -> None:
         if not self.enabled:
             return

@@ -144,8 +144,14 @@ class Catalog:
     async def xattrs(self, path: str, entry: Entry) -> dict[str, bytes]:
         return dict(await self._call("xattrs", path, lambda: self.backend.xattrs(path, entry)))
 
-    async def read(self, path: str, entry: Entry, handle: Any, offset: int, size: int) -> bytes:
-        """Bytes ``[offset, offset+size)`` of a file (clamped to its size) via the data layer."""
+    async def read(self, path: str, entry: Entry, handle: Any, offset: int, size: int,
+                   sequential: bool = True) -> bytes:
+        """Bytes ``[offset, offset+size)`` of a file (clamped to its size) via the data layer.
+
+        Sequential reads go through whole cached blocks. A random read is served from cached
+        blocks when they are all there, else fetched as exactly the range asked for: a small
+        random read never costs a block-sized fetch.
+        """
         size = min(size, entry.size - offset)
         if size <= 0:
             return b""
@@ -154,6 +160,10 @@ class Catalog:
             return await self._fetch(handle, (path, version, offset, size), offset, size)
         block_size = self.config.block_size
         first, last = offset // block_size, (offset + size - 1) // block_size
+        if not sequential and any(self.data.peek((path, version, i)) is None
+                                  for i in range(first, last + 1)):
+            self.stats.events["random_reads_uncached"] += 1
+            return await self._fetch(handle, (path, version, offset, size), offset, size)
         if first == last:
             block = await self._block(path, version, entry, handle, first)
             start = offset - first * block_size

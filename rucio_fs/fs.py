@@ -96,6 +96,8 @@ class _FileHandle:
     entry: Entry
     backend_handle: Any
     verifier: StreamVerifier | None
+    #: Where the previous read ended, to tell sequential reads from random ones.
+    last_end: int = 0
 
 
 class RucioFs(pyfuse3.Operations):
@@ -291,8 +293,12 @@ class RucioFs(pyfuse3.Operations):
     @fuse_op
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._files[fh]
+        # The kernel's parallel read-ahead arrives slightly out of order: still sequential.
+        sequential = abs(off - handle.last_end) <= self.config.block_size
+        handle.last_end = off + size
         data = await self.catalog.read(handle.inode.path, handle.entry, handle.backend_handle,
-                                       off, size)
+                                       off, size, sequential)
+        self.stats.fuse_op("read").bytes += len(data)
         if handle.verifier is not None:
             try:
                 await handle.verifier.feed(off, data)

@@ -115,3 +115,27 @@ def test_kernel_read_ahead_is_raised_and_reported(mount_demo):
     assert "read_ahead_kb" not in kernel and "max_background" not in kernel
     with open(f"/sys/class/bdi/0:{find_mount(str(kept.path)).minor}/read_ahead_kb") as f:
         assert f.read().strip() != "1024"
+
+
+def test_small_random_reads_fetch_little(mount_demo):
+    """Random 4 KiB reads cost at most twice what the kernel asked for, not whole blocks."""
+    import random
+
+    m = mount_demo()
+    big = m.path / "big" / f"frame-{BIG_SIZE}.gwf"
+    rng = random.Random(7)
+    offsets = [rng.randrange(0, BIG_SIZE - 4096) for _ in range(200)]
+    fd = os.open(big, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # as a random-access reader would
+        os.pread(fd, 4096, 0)
+        before = m.stats()
+        for offset in offsets:
+            assert os.pread(fd, 4096, offset) == big_file_range(offset, 4096)
+    finally:
+        os.close(fd)
+    after = m.stats()
+    asked = after["fuse"]["read"]["bytes"] - before["fuse"]["read"]["bytes"]
+    fetched = after["backend"]["read"]["bytes"] - before["backend"]["read"]["bytes"]
+    assert asked >= 200 * 4096
+    assert fetched <= 2 * asked, (fetched, asked)
