@@ -64,8 +64,13 @@ class Catalog:
             "listing", config.listing,
             ttl_cache(config.listing_max_entries, lambda _l: config.listing_ttl,
                       getsizeof=lambda listing: len(listing) + 1), stats)
+        # One memory budget for data: a quarter for read-ahead in flight, the rest for blocks.
+        self.prefetch_budget_blocks = (
+            max(1, config.data_max_bytes // 4 // config.block_size)
+            if config.data and config.prefetch_max_bytes else 0)
+        cached_bytes = config.data_max_bytes - self.prefetch_budget_blocks * config.block_size
         self.data: CacheLayer[bytes] = CacheLayer(
-            "data", config.data, byte_cache(config.data_max_bytes), stats)
+            "data", config.data, byte_cache(max(cached_bytes, config.block_size)), stats)
         self._flight = SingleFlight(config.coalescing, stats.coalesced)
 
     async def _call(self, call: str, key: Hashable, fn: Callable[[], Awaitable[T]]) -> T:
@@ -186,6 +191,16 @@ class Catalog:
             block = await self._fetch(handle, key, start, length)
             self.data.put(key, block)
         return block
+
+    async def prefetch_block(self, path: str, version: str, entry: Entry, handle: Any,
+                             index: int) -> None:
+        """Fetch one block into the data layer ahead of its reader (a shared flight)."""
+        key = (path, version, index)
+        if self.data.peek(key) is None:
+            start = index * self.config.block_size
+            length = min(self.config.block_size, entry.size - start)
+            self.data.put(key, await self._fetch(handle, key, start, length))
+            self.stats.events["prefetched_blocks"] += 1
 
     async def _fetch(self, handle: Any, key: Hashable, offset: int, size: int) -> bytes:
         async def fetch() -> bytes:

@@ -78,11 +78,15 @@ def cli() -> None:
 @click.option("--listing-max-entries", type=int, default=DEFAULTS.listing_max_entries,
               show_default=True, help="Bound on the entries of all cached listings together.")
 @click.option("--data-cache-size", type=SIZE, default=DEFAULTS.data_max_bytes,
-              show_default=True, help="Byte budget of the in-memory data block cache.")
+              show_default=True,
+              help="Memory budget for file data: cached blocks and read-ahead in flight.")
 @click.option("--block-size", type=SIZE, default=DEFAULTS.block_size, show_default=True,
               help="Data cache block size.")
 @click.option("--attr-window", type=DURATION, default=DEFAULTS.attr_window, show_default=True,
               help="How long just-fetched attributes answer follow-up lookups (0: re-stat).")
+@click.option("--prefetch-max", type=SIZE, default=DEFAULTS.prefetch_max_bytes,
+              show_default=True,
+              help="Most data read ahead of one sequential reader (0: none; needs the data cache).")
 @click.option("--no-verify", is_flag=True,
               help="Do not verify catalog checksums on sequential whole-file reads.")
 @click.option("--timeout", type=DURATION, default=DEFAULTS.backend_timeout, show_default=True,
@@ -102,7 +106,8 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
           no_listing_cache: bool, no_data_cache: bool, no_coalescing: bool, kernel_ttl: float,
           immutable_ttl: float, negative_ttl: float, metadata_ttl: float,
           metadata_max_entries: int, listing_ttl: float, listing_max_entries: int,
-          data_cache_size: int, block_size: int, attr_window: float, no_verify: bool,
+          data_cache_size: int, block_size: int, attr_window: float, prefetch_max: int,
+          no_verify: bool,
           timeout: float,
           xattrs: bool, read_ahead_kb: int, max_background: int, max_tasks: int) -> int:
     """Mount the catalog at URL (demo://, ...) on MOUNTPOINT.
@@ -117,7 +122,7 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
         metadata_max_entries=metadata_max_entries, listing_ttl=listing_ttl,
         listing_max_entries=listing_max_entries, data_max_bytes=data_cache_size,
         block_size=block_size, attr_window=attr_window,
-        verify=not no_verify, backend_timeout=timeout).check()
+        prefetch_max_bytes=prefetch_max, verify=not no_verify, backend_timeout=timeout).check()
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
                                  log_file, max_tasks, xattrs, read_ahead_kb, max_background))
 

@@ -58,6 +58,8 @@ class MountConfig:
     data_max_bytes: int = 256 << 20
     block_size: int = 1 << 20
     attr_window: float = 1.0
+    #: Most data fetched ahead of one sequential reader (0: no read-ahead by the daemon).
+    prefetch_max_bytes: int = 32 << 20
     #: Verify a file's catalog checksum over its first sequential whole-file read.
     verify: bool = True
     #: No backend call may take longer: past it the FUSE request fails with EIO, never hangs.

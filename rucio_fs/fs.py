@@ -28,6 +28,7 @@ from .config import MountConfig
 from .errors import IntegrityError, NotADirectory, NotFound, RucioFsError
 from .inodes import ROOT_INO, Inode, InodeTable
 from .integrity import StreamVerifier, verifier_for
+from .prefetch import Prefetcher
 from .stats import Stats, errno_name
 from .tracing import RequestRecorder
 
@@ -96,6 +97,7 @@ class _FileHandle:
     entry: Entry
     backend_handle: Any
     verifier: StreamVerifier | None
+    prefetcher: Prefetcher | None
     #: Where the previous read ended, to tell sequential reads from random ones.
     last_end: int = 0
 
@@ -116,6 +118,8 @@ class RucioFs(pyfuse3.Operations):
         self.writable = bool(catalog.backend.capabilities & Capability.WRITE)
         #: Where background work (checksum hashing) runs; set by the daemon before serving.
         self.nursery: trio.Nursery | None = None
+        #: Blocks all read-ahead of the mount may have in flight (its share of the data budget).
+        self._prefetch_budget = trio.Semaphore(max(1, catalog.prefetch_budget_blocks))
         #: Set while `rucio-fs trace` runs: every request's op, start, end and errno.
         self.recorder: RequestRecorder | None = None
         self._dirs: dict[int, _DirHandle] = {}
@@ -286,8 +290,13 @@ class RucioFs(pyfuse3.Operations):
             verifier = verifier_for(node.path, entry.size, entry.checksums)
             if verifier is not None:
                 self.nursery.start_soon(verifier.run)
+        prefetcher = None
+        if self.config.data and self.config.prefetch_max_bytes and self.nursery is not None:
+            window = max(1, self.config.prefetch_max_bytes // self.config.block_size)
+            prefetcher = Prefetcher(self.catalog, node.path, entry, backend_handle, self.nursery,
+                                    self._prefetch_budget, window)
         fh = self._new_fh()
-        self._files[fh] = _FileHandle(node, entry, backend_handle, verifier)
+        self._files[fh] = _FileHandle(node, entry, backend_handle, verifier, prefetcher)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     @fuse_op
@@ -296,6 +305,8 @@ class RucioFs(pyfuse3.Operations):
         # The kernel's parallel read-ahead arrives slightly out of order: still sequential.
         sequential = abs(off - handle.last_end) <= self.config.block_size
         handle.last_end = off + size
+        if handle.prefetcher is not None:
+            handle.prefetcher.on_read(off, size, sequential)
         data = await self.catalog.read(handle.inode.path, handle.entry, handle.backend_handle,
                                        off, size, sequential)
         self.stats.fuse_op("read").bytes += len(data)
@@ -312,6 +323,8 @@ class RucioFs(pyfuse3.Operations):
     @fuse_op
     async def release(self, fh: int) -> None:
         handle = self._files.pop(fh)
+        if handle.prefetcher is not None:
+            await handle.prefetcher.drain()
         if handle.verifier is not None:
             await handle.verifier.close()
             self.stats.events[f"checksum_{handle.verifier.state}"] += 1

@@ -139,3 +139,42 @@ def test_small_random_reads_fetch_little(mount_demo):
     fetched = after["backend"]["read"]["bytes"] - before["backend"]["read"]["bytes"]
     assert asked >= 200 * 4096
     assert fetched <= 2 * asked, (fetched, asked)
+    assert after["events"].get("prefetched_blocks", 0) <= 2  # only around the first read
+
+
+def test_sequential_reads_are_prefetched_in_parallel(mount_demo):
+    m = mount_demo("demo://?latency=5ms")
+    big = m.path / "big" / f"frame-{BIG_SIZE}.gwf"
+    size = 48 << 20
+    with open(big, "rb") as f:
+        data = f.read(size)
+    assert data == big_file_range(0, size)
+    snap = m.stats()
+    assert snap["events"]["prefetched_blocks"] >= 40
+    assert snap["cache"]["data"]["hits"] > 0
+    off = mount_demo("demo://?latency=5ms", "--prefetch-max", "0")
+    with open(off.path / "big" / f"frame-{BIG_SIZE}.gwf", "rb") as f:
+        assert f.read(4 << 20) == big_file_range(0, 4 << 20)
+    assert "prefetched_blocks" not in off.stats()["events"]
+
+
+def _peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        line = next(x for x in f if x.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_memory_budget_holds_under_eight_parallel_readers(mount_demo):
+    """8 readers at different offsets: the daemon stays within its data budget."""
+    m = mount_demo("demo://", "--data-cache-size", "64M", "--no-verify")
+    big = m.path / "big" / f"frame-{BIG_SIZE}.gwf"
+    pid = m.stats()["pid"]
+    baseline = _peak_rss_mb(pid)
+    readers = [subprocess.Popen(["dd", f"if={big}", "of=/dev/null", "bs=1M", "count=160",
+                                 f"skip={i * 500}"], stderr=subprocess.DEVNULL)
+               for i in range(8)]
+    assert all(r.wait(timeout=300) == 0 for r in readers)
+    grown = _peak_rss_mb(pid) - baseline
+    # One 64 MiB budget for cached and in-flight blocks, plus allocator slack.
+    assert grown < 64 + 64, f"daemon grew by {grown:.0f} MB"
+    assert m.stats()["sizes"]["data_bytes"] <= 64 << 20
