@@ -1,0 +1,123 @@
+"""Read-path benchmarks on the demo catalog, each against a baseline measured in the same run.
+
+1. sequential read of the 4.2 GB file through the mount (verification on and off) vs the demo
+   backend's own raw fetch of the same bytes in 1 MiB requests (no FUSE), with the daemon's
+   peak RSS;
+2. with 5 ms injected per request: the first 512 MiB with daemon read-ahead on vs off;
+3. 4 KiB random reads: bytes the backend fetched per byte the kernel asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+from rucio_fs.backends.demo import DemoBackend
+from rucio_fs.backends.demo_content import BIG_SIZE
+
+RUCIO_FS = [sys.executable, "-m", "rucio_fs"]
+BIG = f"big/frame-{BIG_SIZE}.gwf"
+
+
+def mount(root: Path, url: str, *options: str) -> Path:
+    path = Path(tempfile.mkdtemp(dir=root))
+    subprocess.run([*RUCIO_FS, "mount", url, str(path), *options], check=True)
+    return path
+
+
+def stats(path: Path) -> dict:
+    out = subprocess.run([*RUCIO_FS, "stats", str(path), "--format", "json"], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 1024
+
+
+def read_file(path: Path, limit: int = BIG_SIZE) -> float:
+    """Seconds for `head -c LIMIT FILE` (what `cat`/`cp` do: 128 KiB reads) to /dev/null."""
+    start = time.perf_counter()
+    subprocess.run(["head", "-c", str(limit), str(path)], stdout=subprocess.DEVNULL, check=True)
+    return time.perf_counter() - start
+
+
+def raw_backend_read() -> float:
+    async def run() -> float:
+        backend = DemoBackend()
+        handle = await backend.open(f"/{BIG}", await backend.stat(f"/{BIG}"))
+        start = time.perf_counter()
+        for offset in range(0, BIG_SIZE, 1 << 20):
+            await backend.read(handle, offset, 1 << 20)
+        return time.perf_counter() - start
+    return trio.run(run)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path,
+                        default=Path(__file__).parent / "results" / "read.json")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-read-"))
+    mounts: list[Path] = []
+    results: dict = {"kernel": os.uname().release, "cpus": os.cpu_count()}
+    try:
+        gb = BIG_SIZE / 1e9
+        raw = raw_backend_read()
+        results["raw_backend_GBps"] = gb / raw
+        for label, options in (("verified", ()), ("unverified", ("--no-verify",))):
+            path = mount(root, "demo://", *options)
+            mounts.append(path)
+            pid = stats(path)["pid"]
+            elapsed = read_file(path / BIG)
+            results[f"mount_{label}_GBps"] = gb / elapsed
+            results[f"mount_{label}_peak_rss_mb"] = peak_rss_mb(pid)
+        for label, options in (("readahead_on", ()), ("readahead_off", ("--prefetch-max", "0"))):
+            path = mount(root, "demo://?latency=5ms", "--no-verify", *options)
+            mounts.append(path)
+            results[f"latency5ms_{label}_MBps"] = 512 / read_file(path / BIG, 512 << 20) * 1.048576
+        path = mount(root, "demo://", "--no-verify")
+        mounts.append(path)
+        before = stats(path)
+        fd = os.open(path / BIG, os.O_RDONLY)
+        rng = random.Random(1)
+        for _ in range(500):
+            os.pread(fd, 4096, rng.randrange(0, BIG_SIZE - 4096))
+        os.close(fd)
+        after = stats(path)
+        asked = after["fuse"]["read"]["bytes"] - before["fuse"].get("read", {}).get("bytes", 0)
+        fetched = (after["backend"]["read"]["bytes"]
+                   - before["backend"].get("read", {}).get("bytes", 0))
+        results["random_4k_fetched_per_asked"] = fetched / asked
+    finally:
+        for path in mounts:
+            subprocess.run([*RUCIO_FS, "unmount", str(path)], check=False)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    r = results
+    print("| benchmark | rucio-fs | baseline (same run) | ratio |")
+    print("|---|---:|---:|---:|")
+    for label in ("verified", "unverified"):
+        print(f"| sequential read 4.2 GB, {label} | {r[f'mount_{label}_GBps']:.2f} GB/s, peak RSS "
+              f"{r[f'mount_{label}_peak_rss_mb']:.0f} MB | raw backend {r['raw_backend_GBps']:.2f}"
+              f" GB/s | {r[f'mount_{label}_GBps'] / r['raw_backend_GBps']:.2f} |")
+    print(f"| 512 MiB at 5 ms per request | read-ahead {r['latency5ms_readahead_on_MBps']:.0f} MB/s"
+          f" | without {r['latency5ms_readahead_off_MBps']:.0f} MB/s | "
+          f"{r['latency5ms_readahead_on_MBps'] / r['latency5ms_readahead_off_MBps']:.1f}x |")
+    print(f"| 4 KiB random reads | {r['random_4k_fetched_per_asked']:.2f} bytes fetched per byte "
+          "asked | | goal <= 2 |")
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
