@@ -116,7 +116,7 @@ class RucioFs(pyfuse3.Operations):
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
         self.writable = bool(catalog.backend.capabilities & Capability.WRITE)
-        #: Where background work (checksum hashing) runs; set by the daemon before serving.
+        #: Where background work (read-ahead, checksum hashing) runs; set by the daemon.
         self.nursery: trio.Nursery | None = None
         #: Blocks all read-ahead of the mount may have in flight (its share of the data budget).
         self._prefetch_budget = trio.Semaphore(max(1, catalog.prefetch_budget_blocks))
@@ -286,7 +286,8 @@ class RucioFs(pyfuse3.Operations):
         keep = self.config.kernel and (seen == version or (seen is None and entry.immutable))
         node.cached_version = version if self.config.kernel else None
         verifier = None
-        if self.config.verify and seen != version:  # a new version's first pass is verified
+        if self.config.verify and seen != version and self.nursery is not None:
+            # A new version's first pass is verified.
             verifier = verifier_for(node.path, entry.size, entry.checksums)
             if verifier is not None:
                 self.nursery.start_soon(verifier.run)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def tune(minor: int, read_ahead_kb: int, max_background: int) -> dict[str, Any]:
                                        read_ahead_kb)
     if max_background:
         if not (FUSECTL / str(minor)).is_dir():
-            os.system(f"mount -t fusectl none {FUSECTL} >/dev/null 2>&1")
+            subprocess.run(["mount", "-t", "fusectl", "none", str(FUSECTL)], capture_output=True)
         connection = FUSECTL / str(minor)
         report["max_background"] = _set(connection / "max_background", max_background)
         report["congestion_threshold"] = _set(connection / "congestion_threshold",
