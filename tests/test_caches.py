@@ -115,7 +115,7 @@ def _concurrent_ls(m, users: int) -> None:
 
 
 def test_concurrent_cold_listings_are_coalesced(mount_demo):
-    m = mount_demo("demo://?latency=500ms", "--cold")
+    m = mount_demo("demo://?latency=1s", "--cold")
     _concurrent_ls(m, 20)
     snap = m.stats()
     assert snap["backend_counters"]["list"] == 1
