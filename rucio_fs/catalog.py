@@ -183,24 +183,26 @@ class Catalog:
 
     async def _block(self, path: str, version: str, entry: Entry, handle: Any,
                      index: int) -> bytes:
-        key = (path, version, index)
-        block = self.data.get(key)
+        block = self.data.get((path, version, index))
         if block is None:
-            start = index * self.config.block_size
-            length = min(self.config.block_size, entry.size - start)
-            block = await self._fetch(handle, key, start, length)
-            self.data.put(key, block)
+            block = await self._load_block(path, version, entry, handle, index)
         return block
 
     async def prefetch_block(self, path: str, version: str, entry: Entry, handle: Any,
                              index: int) -> None:
         """Fetch one block into the data layer ahead of its reader (a shared flight)."""
-        key = (path, version, index)
-        if self.data.peek(key) is None:
-            start = index * self.config.block_size
-            length = min(self.config.block_size, entry.size - start)
-            self.data.put(key, await self._fetch(handle, key, start, length))
+        if self.data.peek((path, version, index)) is None:
+            await self._load_block(path, version, entry, handle, index)
             self.stats.events["prefetched_blocks"] += 1
+
+    async def _load_block(self, path: str, version: str, entry: Entry, handle: Any,
+                          index: int) -> bytes:
+        key = (path, version, index)
+        start = index * self.config.block_size
+        length = min(self.config.block_size, entry.size - start)
+        block = await self._fetch(handle, key, start, length)
+        self.data.put(key, block)
+        return block
 
     async def _fetch(self, handle: Any, key: Hashable, offset: int, size: int) -> bytes:
         async def fetch() -> bytes:

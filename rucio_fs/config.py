@@ -65,11 +65,6 @@ class MountConfig:
     #: No backend call may take longer: past it the FUSE request fails with EIO, never hangs.
     backend_timeout: float = 120.0
 
-    def replace(self, **changes: object) -> MountConfig:
-        values = asdict(self)
-        values.update(changes)
-        return MountConfig(**values)  # type: ignore[arg-type]
-
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
 

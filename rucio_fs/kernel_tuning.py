@@ -29,9 +29,11 @@ def _set(path: Path, value: int) -> dict[str, Any]:
 
 def tune(minor: int, read_ahead_kb: int, max_background: int) -> dict[str, Any]:
     """Apply the settings (0 leaves a setting at the kernel's default); returns what happened."""
+    if minor < 0:
+        return {}
+    if os.geteuid() != 0:
+        return {"tuning": "skipped (not root)"}
     report: dict[str, Any] = {}
-    if os.geteuid() != 0 or minor < 0:
-        return {"tuning": "skipped (not root)"} if minor >= 0 else report
     if read_ahead_kb:
         report["read_ahead_kb"] = _set(Path(f"/sys/class/bdi/0:{minor}/read_ahead_kb"),
                                        read_ahead_kb)

@@ -59,7 +59,8 @@ class Prefetcher:
                 end = index - 1
                 break
             self._in_flight += 1
-            self._idle = trio.Event() if self._idle.is_set() else self._idle
+            if self._idle.is_set():
+                self._idle = trio.Event()
             self.nursery.start_soon(self._fetch, index)
         self._next = max(self._next, end + 1)
 

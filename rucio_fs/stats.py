@@ -135,6 +135,17 @@ class Stats:
         return snap
 
 
+def summarize(prefix: str, hist: Mapping[str, Any]) -> dict[str, float]:
+    """``prefix.mean/p50/p90/p99/max`` of a histogram dict (nothing when it is empty)."""
+    if not hist["count"]:
+        return {}
+    flat = {f"{prefix}.mean": round(hist["total_ns"] / hist["count"])}
+    for q in (0.5, 0.9, 0.99):
+        flat[f"{prefix}.p{round(q * 100)}"] = round(quantile(hist, q))
+    flat[f"{prefix}.max"] = hist["max_ns"]
+    return flat
+
+
 def flatten(snap: Mapping[str, Any]) -> dict[str, float | str]:
     """One flat ``metric -> value`` mapping of a snapshot: the CSV rows and the diff's input."""
     flat: dict[str, float | str] = {}
@@ -148,14 +159,10 @@ def flatten(snap: Mapping[str, Any]) -> dict[str, float | str]:
                 flat[f"{prefix}.errno.{name}"] = n
             if data.get("bytes"):
                 flat[f"{prefix}.bytes"] = data["bytes"]
-            if hist["count"]:
-                flat[f"{prefix}.latency_ns.mean"] = round(hist["total_ns"] / hist["count"])
-                for q in (0.5, 0.9, 0.99):
-                    flat[f"{prefix}.latency_ns.p{round(q * 100)}"] = round(quantile(hist, q))
-                flat[f"{prefix}.latency_ns.max"] = hist["max_ns"]
-                for k, n in enumerate(hist["bins"]):
-                    if n:
-                        flat[f"{prefix}.latency_ns.bin{k:02d}"] = n
+            flat.update(summarize(f"{prefix}.latency_ns", hist))
+            for k, n in enumerate(hist["bins"]):
+                if n:
+                    flat[f"{prefix}.latency_ns.bin{k:02d}"] = n
     for layer, counters in snap.get("cache", {}).items():
         for name, n in sorted(counters.items()):
             flat[f"cache.{layer}.{name}"] = n

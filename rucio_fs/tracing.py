@@ -29,7 +29,7 @@ from typing import Any
 from . import control
 from .errors import InvalidInput, RucioFsError
 from .mounts import require_rucio_fs
-from .stats import Log2Histogram, errno_name, quantile
+from .stats import Log2Histogram, errno_name, quantile, summarize
 
 TRACEFS_ROOTS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 EVENTS = ("fuse_request_send", "fuse_request_end")
@@ -264,12 +264,7 @@ def flatten(report: Mapping[str, Any]) -> dict[str, float]:
         for name, n in sorted(data["errors"].items()):
             flat[f"{prefix}.errno.{name}"] = n
         for part in ("kernel", "daemon", "outside_daemon"):
-            hist = data[part]
-            if hist["count"]:
-                flat[f"{prefix}.{part}_ns.mean"] = round(hist["total_ns"] / hist["count"])
-                for q in (0.5, 0.9, 0.99):
-                    flat[f"{prefix}.{part}_ns.p{round(q * 100)}"] = round(quantile(hist, q))
-                flat[f"{prefix}.{part}_ns.max"] = hist["max_ns"]
+            flat.update(summarize(f"{prefix}.{part}_ns", data[part]))
     for op, n in sorted(report["daemon_only"].items()):
         flat[f"trace.daemon_only.{op}"] = n
     flat["trace.lost_events"] = report["lost_events"]
