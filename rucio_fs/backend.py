@@ -123,6 +123,14 @@ class Backend(ABC):
         attrs.update({f"{self.scheme}.{k}": v.encode() for k, v in entry.metadata.items()})
         return attrs
 
+    def lists_everything(self, path: str) -> bool:
+        """Whether ``list(path)`` names every child of directory ``path`` (the default).
+
+        When not (a Rucio scope lists only its top-level DIDs), a name missing from a cached
+        listing is looked up with ``stat`` rather than taken as absent.
+        """
+        return True
+
     async def usage(self) -> FsUsage:
         """Capacity figures for ``statfs``; unknown by default."""
         return FsUsage()

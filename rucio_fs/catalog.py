@@ -108,7 +108,9 @@ class Catalog:
             parent, name = split_path(path)
             listing = self.listing.get(parent)
             if listing is not None:
-                entry = listing.by_name.get(name, _MISSING)
+                entry = listing.by_name.get(name)
+                if entry is None and self.backend.lists_everything(parent):
+                    entry = _MISSING
         if entry is None:
             try:
                 entry = await self._call("stat", path, lambda: self.backend.stat(path))

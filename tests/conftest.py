@@ -69,8 +69,8 @@ def _unmount(path: Path) -> None:
 
 
 @pytest.fixture
-def mount_demo(tmp_path: Path) -> Iterator:
-    """``mount_demo(url="demo://", *options)`` mounts and returns a :class:`Mount`."""
+def mount_fs(tmp_path: Path) -> Iterator:
+    """``mount_fs(url="demo://", *options)`` mounts any URL and returns a :class:`Mount`."""
     mounted: list[Path] = []
 
     def mount(url: str = "demo://", *options: str) -> Mount:
@@ -111,3 +111,55 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("CI") and skipped:
         reporter.write_line(f"CI: {skipped} skipped test(s) count as failures", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@dataclass
+class RucioServer:
+    """A running server started by ``scripts/servers/rucio.sh`` (see its ``server.env``)."""
+
+    base: Path
+    env: dict[str, str]
+    catalog: dict[str, list[dict]]
+
+    def access_log_lines(self, needle: str) -> int:
+        text = Path(self.env["ACCESS_LOG"]).read_text(errors="replace")
+        return sum(needle in line for line in text.splitlines())
+
+    def control(self, command: str) -> None:
+        subprocess.run(["bash", str(SERVER_SCRIPT), command, str(self.base)], check=True,
+                       capture_output=True, timeout=60)
+
+
+REPO = Path(__file__).resolve().parent.parent
+SERVER_SCRIPT = REPO / "scripts" / "servers" / "rucio.sh"
+
+
+@pytest.fixture(scope="session")
+def rucio_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RucioServer]:
+    """The real Rucio server of the tests, started once per session and stopped by PID.
+
+    ``RUCIO_FS_TEST_RUCIO_DIR`` names the directory of a server already started with
+    ``rucio.sh start DIR`` (quicker when iterating); it is then left running.
+    """
+    reuse = os.environ.get("RUCIO_FS_TEST_RUCIO_DIR")
+    base = Path(reuse) if reuse else tmp_path_factory.mktemp("rucio-server")
+    if not reuse:
+        result = subprocess.run(["bash", str(SERVER_SCRIPT), "start", str(base)],
+                                capture_output=True, text=True, timeout=1200)
+        if result.returncode != 0:
+            subprocess.run(["bash", str(SERVER_SCRIPT), "stop", str(base)])
+            raise RuntimeError(f"Rucio server did not start:\n{result.stderr[-3000:]}")
+    env = dict(line.split("=", 1) for line in
+               (base / "server.env").read_text().splitlines() if "=" in line)
+    catalog = json.loads((base / "catalog.json").read_text())
+    previous = os.environ.get("RUCIO_CONFIG")
+    os.environ["RUCIO_CONFIG"] = env["RUCIO_CONFIG"]  # the mount daemons inherit it
+    try:
+        yield RucioServer(base, env, catalog)
+    finally:
+        if previous is None:
+            os.environ.pop("RUCIO_CONFIG", None)
+        else:
+            os.environ["RUCIO_CONFIG"] = previous
+        if not reuse:
+            subprocess.run(["bash", str(SERVER_SCRIPT), "stop", str(base)], timeout=120)

@@ -19,8 +19,8 @@ def counters(m) -> dict:
     return m.stats()["backend_counters"]
 
 
-def test_warm_ls_makes_zero_backend_requests(mount_demo):
-    m = mount_demo()
+def test_warm_ls_makes_zero_backend_requests(mount_fs):
+    m = mount_fs()
     d = m.path.joinpath(*TEN_K)
     assert ls_l(d) == 10_000
     before = counters(m)
@@ -28,8 +28,8 @@ def test_warm_ls_makes_zero_backend_requests(mount_demo):
     assert counters(m) == before
 
 
-def test_cold_ls_is_one_listing_without_per_entry_stats(mount_demo):
-    m = mount_demo("demo://", "--cold")
+def test_cold_ls_is_one_listing_without_per_entry_stats(mount_fs):
+    m = mount_fs("demo://", "--cold")
     d = m.path.joinpath(*TEN_K)
     assert ls_l(d) == 10_000
     c = counters(m)
@@ -42,14 +42,14 @@ def test_cold_ls_is_one_listing_without_per_entry_stats(mount_demo):
     assert again["stat"] - c["stat"] <= 20
 
 
-def test_attr_window_zero_reproduces_per_entry_stats(mount_demo):
-    m = mount_demo("demo://", "--cold", "--attr-window", "0")
+def test_attr_window_zero_reproduces_per_entry_stats(mount_fs):
+    m = mount_fs("demo://", "--cold", "--attr-window", "0")
     assert ls_l(m.path / "ls" / "files-500") == 500
     assert counters(m)["stat"] >= 500
 
 
-def test_cache_drop_makes_next_ls_cold(mount_demo):
-    m = mount_demo()
+def test_cache_drop_makes_next_ls_cold(mount_fs):
+    m = mount_fs()
     d = m.path.joinpath(*TEN_K)
     ls_l(d)
     lists = counters(m)["list"]
@@ -63,8 +63,8 @@ def test_cache_drop_makes_next_ls_cold(mount_demo):
     assert m.fuse_calls("lookup") > before_lookups  # the kernel's dentries were dropped too
 
 
-def test_cache_drop_single_layer(mount_demo):
-    m = mount_demo()
+def test_cache_drop_single_layer(mount_fs):
+    m = mount_fs()
     f = m.path / "ls" / "files-500" / "file-000001.dat"
     ls_l(f.parent)
     f.read_bytes()
@@ -77,8 +77,8 @@ def test_cache_drop_single_layer(mount_demo):
     assert counters(m)["list"] == lists  # listing layer kept
 
 
-def test_data_cache_serves_second_open(mount_demo):
-    m = mount_demo("demo://", "--no-kernel-cache")
+def test_data_cache_serves_second_open(mount_fs):
+    m = mount_fs("demo://", "--no-kernel-cache")
     f = m.path / "ls" / "files-500" / "file-000003.dat"
     assert f.read_bytes() == f.read_bytes()
     assert counters(m)["read"] == 1
@@ -86,8 +86,8 @@ def test_data_cache_serves_second_open(mount_demo):
     assert layer["hits"] >= 1 and layer["misses"] == 1
 
 
-def test_page_cache_kept_for_immutable_files(mount_demo):
-    m = mount_demo()
+def test_page_cache_kept_for_immutable_files(mount_fs):
+    m = mount_fs()
     f = m.path / "ls" / "files-500" / "file-000004.dat"
     f.read_bytes()
     reads = m.fuse_calls("read")
@@ -95,9 +95,9 @@ def test_page_cache_kept_for_immutable_files(mount_demo):
     assert m.fuse_calls("read") == reads  # served by the kernel's page cache
 
 
-def test_negative_lookups_cached_in_kernel(mount_demo):
-    on = mount_demo()
-    off = mount_demo("demo://", "--no-kernel-cache")
+def test_negative_lookups_cached_in_kernel(mount_fs):
+    on = mount_fs()
+    off = mount_fs("demo://", "--no-kernel-cache")
     for m, expected in ((on, 1), (off, 3)):
         base = m.fuse_calls("lookup")
         for _ in range(3):
@@ -121,24 +121,24 @@ def _concurrent_ls(m, users: int) -> None:
     assert all(len(out.splitlines()) == 10_000 for out in outputs)
 
 
-def test_concurrent_cold_listings_are_coalesced(mount_demo):
-    m = mount_demo("demo://?latency=1s", *COLD_LISTINGS)
+def test_concurrent_cold_listings_are_coalesced(mount_fs):
+    m = mount_fs("demo://?latency=1s", *COLD_LISTINGS)
     _concurrent_ls(m, 20)
     snap = m.stats()
     assert snap["backend_counters"]["list"] == 1
     assert snap["coalesced"]["list"] == 19
 
 
-def test_no_coalescing_makes_one_listing_per_user(mount_demo):
-    m = mount_demo("demo://?latency=1s", *COLD_LISTINGS, "--no-coalescing")
+def test_no_coalescing_makes_one_listing_per_user(mount_fs):
+    m = mount_fs("demo://?latency=1s", *COLD_LISTINGS, "--no-coalescing")
     _concurrent_ls(m, 20)
     snap = m.stats()
     assert snap["backend_counters"]["list"] == 20
     assert not snap["coalesced"]
 
 
-def test_listing_ttl_expires(mount_demo):
-    m = mount_demo("demo://", "--listing-ttl", "0.2", "--kernel-ttl", "0.1",
+def test_listing_ttl_expires(mount_fs):
+    m = mount_fs("demo://", "--listing-ttl", "0.2", "--kernel-ttl", "0.1",
                    "--metadata-ttl", "0.2")
     d = m.path / "ls" / "files-500"
     ls_l(d)

@@ -60,8 +60,8 @@ def test_mountpoint_not_empty(mountpoint):
     assert_one_line_error(run_cli("mount", "demo://", str(mountpoint)), "is not empty")
 
 
-def test_already_mounted(mount_demo):
-    m = mount_demo()
+def test_already_mounted(mount_fs):
+    m = mount_fs()
     result = run_cli("mount", "demo://", str(m.path))
     assert_one_line_error(result, "is already a mountpoint (fuse.rucio-fs)")
 
@@ -105,8 +105,8 @@ def test_no_permission_on_dev_fuse(mountpoint):
     assert_one_line_error(result, "no permission to open /dev/fuse")
 
 
-def test_backend_faults_become_errno_and_one_log_line(mount_demo):
-    m = mount_demo("demo://?faults=1")
+def test_backend_faults_become_errno_and_one_log_line(mount_fs):
+    m = mount_fs("demo://?faults=1")
     faults = m.path / "faults"
     with pytest.raises(PermissionError):
         (faults / "eacces.dat").read_bytes()
@@ -133,8 +133,8 @@ def test_backend_faults_become_errno_and_one_log_line(mount_demo):
     assert unavailable >= 1 and crashed >= 1 and unavailable + crashed == failed_reads
 
 
-def test_a_hanging_backend_call_times_out_with_eio(mount_demo):
-    m = mount_demo("demo://?faults=1", "--timeout", "0.5s")
+def test_a_hanging_backend_call_times_out_with_eio(mount_fs):
+    m = mount_fs("demo://?faults=1", "--timeout", "0.5s")
     started = time.monotonic()
     with pytest.raises(OSError) as exc:
         (m.path / "faults" / "hang.dat").read_bytes()
@@ -144,8 +144,8 @@ def test_a_hanging_backend_call_times_out_with_eio(mount_demo):
     assert "read failed: backend read timed out after 0.5 s" in m.log_text()
 
 
-def test_unmount_waits_for_the_daemon(mount_demo):
-    m = mount_demo()
+def test_unmount_waits_for_the_daemon(mount_fs):
+    m = mount_fs()
     pid = m.stats()["pid"]
     run_cli("unmount", str(m.path), check=True)
     assert find_mount(str(m.path)) is None
@@ -153,8 +153,8 @@ def test_unmount_waits_for_the_daemon(mount_demo):
         os.kill(pid, 0)
 
 
-def test_sigterm_unmounts_cleanly(mount_demo):
-    m = mount_demo()
+def test_sigterm_unmounts_cleanly(mount_fs):
+    m = mount_fs()
     pid = m.stats()["pid"]
     os.kill(pid, signal.SIGTERM)
     wait_for(lambda: find_mount(str(m.path)) is None)
@@ -170,8 +170,8 @@ def test_sigterm_unmounts_cleanly(mount_demo):
     assert "received SIGTERM, unmounting" in m.log_text()
 
 
-def test_checksum_mismatch_is_eio_never_wrong_data(mount_demo):
-    m = mount_demo("demo://?faults=1")
+def test_checksum_mismatch_is_eio_never_wrong_data(mount_fs):
+    m = mount_fs("demo://?faults=1")
     corrupt = m.path / "faults" / "corrupt.dat"
     for _ in range(2):  # nothing cached may serve the bad bytes afterwards
         with pytest.raises(OSError) as exc:
@@ -185,5 +185,5 @@ def test_checksum_mismatch_is_eio_never_wrong_data(mount_demo):
     events = wait_for(lambda: (e := m.stats()["events"]) and "checksum_verified" in e and e)
     assert events["checksum_verified"] == 1 and events["checksum_mismatch"] == 2
 
-    unverified = mount_demo("demo://?faults=1", "--no-verify")
+    unverified = mount_fs("demo://?faults=1", "--no-verify")
     assert (unverified.path / "faults" / "corrupt.dat").read_bytes().startswith(b"0000002\n")

@@ -12,8 +12,8 @@ import pytest
 from rucio_fs.backends.demo_content import BIG_MD5, BIG_SIZE, big_file_range, small_file
 
 
-def test_ls_stat_cat(mount_demo):
-    m = mount_demo()
+def test_ls_stat_cat(mount_fs):
+    m = mount_fs()
     assert sorted(os.listdir(m.path)) == ["README.txt", "big", "datasets", "ls"]
     assert sorted(os.listdir(m.path / "ls")) == [
         "files-1000", "files-10000", "files-500", "files-5000", "files-50000"]
@@ -36,8 +36,8 @@ def test_ls_stat_cat(mount_demo):
     assert nested.read_bytes() == small_file(100)
 
 
-def test_big_file_size_is_64_bit_and_random_reads_match(mount_demo):
-    m = mount_demo()
+def test_big_file_size_is_64_bit_and_random_reads_match(mount_fs):
+    m = mount_fs()
     big = m.path / "big" / f"frame-{BIG_SIZE}.gwf"
     assert os.stat(big).st_size == BIG_SIZE > 2**32
     with open(big, "rb") as f:
@@ -49,9 +49,9 @@ def test_big_file_size_is_64_bit_and_random_reads_match(mount_demo):
 
 
 @pytest.mark.slow
-def test_cp_big_file_byte_for_byte(mount_demo, tmp_path):
+def test_cp_big_file_byte_for_byte(mount_fs, tmp_path):
     """The prototype's cp stopped at 205 MB (32-bit sizes); all 4,509,715,660 bytes arrive."""
-    m = mount_demo()
+    m = mount_fs()
     target = tmp_path / "copy.gwf"
     subprocess.run(["cp", m.path / "big" / f"frame-{BIG_SIZE}.gwf", target], check=True)
     assert target.stat().st_size == BIG_SIZE
@@ -63,8 +63,8 @@ def test_cp_big_file_byte_for_byte(mount_demo, tmp_path):
     target.unlink()
 
 
-def test_read_only_and_missing(mount_demo):
-    m = mount_demo()
+def test_read_only_and_missing(mount_fs):
+    m = mount_fs()
     with pytest.raises(OSError) as exc:
         (m.path / "README.txt").write_text("x")
     assert exc.value.errno == errno.EROFS
@@ -74,8 +74,8 @@ def test_read_only_and_missing(mount_demo):
         os.listdir(m.path / "README.txt")
 
 
-def test_xattrs_expose_checksums(mount_demo):
-    m = mount_demo("demo://", "--xattrs")
+def test_xattrs_expose_checksums(mount_fs):
+    m = mount_fs("demo://", "--xattrs")
     big = m.path / "big" / f"frame-{BIG_SIZE}.gwf"
     assert os.getxattr(big, "user.demo.checksum.md5") == BIG_MD5.encode()
     assert set(os.listxattr(big)) == {"user.demo.checksum.adler32", "user.demo.checksum.md5"}
@@ -86,42 +86,42 @@ def test_xattrs_expose_checksums(mount_demo):
     assert exc.value.errno == errno.ENODATA
 
 
-def test_xattrs_off_by_default(mount_demo):
-    m = mount_demo()
+def test_xattrs_off_by_default(mount_fs):
+    m = mount_fs()
     with pytest.raises(OSError) as exc:
         os.getxattr(m.path / "README.txt", "user.demo.checksum.adler32")
     assert exc.value.errno in (errno.ENOTSUP, errno.ENODATA)
 
 
-def test_statfs(mount_demo):
-    m = mount_demo()
+def test_statfs(mount_fs):
+    m = mount_fs()
     usage = shutil.disk_usage(m.path)
     assert usage.total > BIG_SIZE
     assert os.statvfs(m.path).f_namemax == 255
 
 
-def test_kernel_read_ahead_is_raised_and_reported(mount_demo):
+def test_kernel_read_ahead_is_raised_and_reported(mount_fs):
     from rucio_fs.mounts import find_mount
 
-    raised = mount_demo()
+    raised = mount_fs()
     minor = find_mount(str(raised.path)).minor
     bdi = f"/sys/class/bdi/0:{minor}/read_ahead_kb"
     with open(bdi) as f:
         assert f.read().strip() == "1024"
     kernel = raised.stats()["kernel"]
     assert kernel["read_ahead_kb"]["now"] == 1024 and kernel["max_background"]["now"] == 64
-    kept = mount_demo("demo://", "--read-ahead-kb", "0", "--max-background", "0")
+    kept = mount_fs("demo://", "--read-ahead-kb", "0", "--max-background", "0")
     kernel = kept.stats()["kernel"]
     assert "read_ahead_kb" not in kernel and "max_background" not in kernel
     with open(f"/sys/class/bdi/0:{find_mount(str(kept.path)).minor}/read_ahead_kb") as f:
         assert f.read().strip() != "1024"
 
 
-def test_small_random_reads_fetch_little(mount_demo):
+def test_small_random_reads_fetch_little(mount_fs):
     """Random 4 KiB reads cost at most twice what the kernel asked for, not whole blocks."""
     import random
 
-    m = mount_demo()
+    m = mount_fs()
     big = m.path / "big" / f"frame-{BIG_SIZE}.gwf"
     rng = random.Random(7)
     offsets = [rng.randrange(0, BIG_SIZE - 4096) for _ in range(200)]
@@ -142,8 +142,8 @@ def test_small_random_reads_fetch_little(mount_demo):
     assert after["events"].get("prefetched_blocks", 0) <= 2  # only around the first read
 
 
-def test_sequential_reads_are_prefetched_in_parallel(mount_demo):
-    m = mount_demo("demo://?latency=5ms")
+def test_sequential_reads_are_prefetched_in_parallel(mount_fs):
+    m = mount_fs("demo://?latency=5ms")
     big = m.path / "big" / f"frame-{BIG_SIZE}.gwf"
     size = 48 << 20
     with open(big, "rb") as f:
@@ -152,7 +152,7 @@ def test_sequential_reads_are_prefetched_in_parallel(mount_demo):
     snap = m.stats()
     assert snap["events"]["prefetched_blocks"] >= 40
     assert snap["cache"]["data"]["hits"] > 0
-    off = mount_demo("demo://?latency=5ms", "--prefetch-max", "0")
+    off = mount_fs("demo://?latency=5ms", "--prefetch-max", "0")
     with open(off.path / "big" / f"frame-{BIG_SIZE}.gwf", "rb") as f:
         assert f.read(4 << 20) == big_file_range(0, 4 << 20)
     assert "prefetched_blocks" not in off.stats()["events"]
@@ -164,9 +164,9 @@ def _peak_rss_mb(pid: int) -> float:
     return int(line.split()[1]) / 1024
 
 
-def test_memory_budget_holds_under_eight_parallel_readers(mount_demo):
+def test_memory_budget_holds_under_eight_parallel_readers(mount_fs):
     """8 readers at different offsets: the daemon stays within its data budget."""
-    m = mount_demo("demo://", "--data-cache-size", "64M", "--no-verify")
+    m = mount_fs("demo://", "--data-cache-size", "64M", "--no-verify")
     big = m.path / "big" / f"frame-{BIG_SIZE}.gwf"
     pid = m.stats()["pid"]
     baseline = _peak_rss_mb(pid)

@@ -12,8 +12,8 @@ from conftest import run_cli, wait_for
 from rucio_fs.stats import N_BINS
 
 
-def test_counts_match_a_known_workload_exactly(mount_demo):
-    m = mount_demo()
+def test_counts_match_a_known_workload_exactly(mount_fs):
+    m = mount_fs()
     os.stat(m.path)  # the kernel fetches the root's attributes once after mounting
     before = m.stats(reset=True)["backend_counters"]
     f = m.path / "ls" / "files-500" / "file-000009.dat"
@@ -35,15 +35,15 @@ def test_counts_match_a_known_workload_exactly(mount_demo):
     assert len(hist["bins"]) == N_BINS >= 30 and sum(hist["bins"]) == 3
 
 
-def test_errors_are_counted_by_errno(mount_demo):
-    m = mount_demo("demo://", "--no-kernel-cache")
+def test_errors_are_counted_by_errno(mount_fs):
+    m = mount_fs("demo://", "--no-kernel-cache")
     for _ in range(2):
         assert not os.path.exists(m.path / "nope")
     assert m.stats()["fuse"]["lookup"]["errors"] == {"ENOENT": 2}
 
 
-def test_formats_reset_and_diff(mount_demo, tmp_path):
-    m = mount_demo()
+def test_formats_reset_and_diff(mount_fs, tmp_path):
+    m = mount_fs()
     os.listdir(m.path / "ls" / "files-500")
     table = run_cli("stats", str(m.path), check=True).stdout
     assert "readdir" in table and "cache layer" in table and "config:" in table

@@ -38,8 +38,8 @@ def trace_json(m, *command: str, extra: tuple[str, ...] = ()) -> dict:
     return json.loads(result.stdout)
 
 
-def test_trace_ls_matches_daemon_counters(mount_demo):
-    m = mount_demo()
+def test_trace_ls_matches_daemon_counters(mount_fs):
+    m = mount_fs()
     before = tracing_state()
     m.stats(reset=True)
     report = trace_json(m, "ls", "-l", str(m.path / "ls" / "files-500"))
@@ -60,9 +60,9 @@ def test_trace_ls_matches_daemon_counters(mount_demo):
     assert tracing_state() == before
 
 
-def test_trace_csv_works_with_stats_diff(mount_demo, tmp_path):
-    on = mount_demo()
-    off = mount_demo("demo://", "--no-kernel-cache")
+def test_trace_csv_works_with_stats_diff(mount_fs, tmp_path):
+    on = mount_fs()
+    off = mount_fs("demo://", "--no-kernel-cache")
     files = []
     for m, name in ((on, "on.csv"), (off, "off.csv")):
         d = str(m.path / "ls" / "files-500")
@@ -77,14 +77,14 @@ def test_trace_csv_works_with_stats_diff(mount_demo, tmp_path):
                for line in diff.splitlines())
 
 
-def test_duration_and_table(mount_demo):
-    m = mount_demo()
+def test_duration_and_table(mount_fs):
+    m = mount_fs()
     result = run_cli("trace", str(m.path), "--duration", "0.2", check=True)
     assert result.stdout.startswith("FUSE connection ")
 
 
-def test_errors_restore_state(mount_demo):
-    m = mount_demo()
+def test_errors_restore_state(mount_fs):
+    m = mount_fs()
     before = tracing_state()
     assert_one_line_error(run_cli("trace", str(m.path), "--", "no-such-command-xyz"),
                           "command not found: no-such-command-xyz")
@@ -94,8 +94,8 @@ def test_errors_restore_state(mount_demo):
                           "either --duration or a command")
 
 
-def test_tracefs_not_mounted(mount_demo):
-    m = mount_demo()
+def test_tracefs_not_mounted(mount_fs):
+    m = mount_fs()
     script = 'mount -t tmpfs none /sys/kernel && exec "$@"'
     import subprocess
 

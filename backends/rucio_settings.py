@@ -1,0 +1,188 @@
+"""Where a Rucio mount's settings come from: ``rucio.cfg``, the environment, then the URL.
+
+The configuration is the one Rucio users already have. ``rucio.cfg`` is found like the Rucio
+client finds it (``RUCIO_CONFIG``, ``$RUCIO_HOME/etc``, ``$VIRTUAL_ENV/etc``,
+``/opt/rucio/etc``); its ``[client]`` section gives ``rucio_host``, ``auth_host``,
+``auth_type``, ``account``, ``vo``, ``username``/``password``, ``client_cert``/``client_key``,
+``client_x509_proxy``, ``auth_token_file_path`` and ``ca_cert``. The environment overrides it
+(``RUCIO_ACCOUNT``, ``RUCIO_VO``, ``RUCIO_AUTH_TYPE``, ``RUCIO_CLIENT_CERT``/``_KEY``,
+``RUCIO_CLIENT_PROXY``, ``X509_USER_PROXY``, ``X509_CERT_DIR``, ``RUCIO_AUTH_TOKEN``), and the
+mount URL overrides both::
+
+    rucio://[account@][host[:port]]/[scope[/did...]][?option=value&...]
+
+URL options: ``config`` (a rucio.cfg path), ``auth`` (userpass, x509, x509_proxy, token),
+``api`` (``http`` to talk plain http to a host named in the URL; https otherwise),
+``schemes`` (PFN schemes in order of preference, default ``https,davs,http,file``), ``rses``
+(RSEs in order of preference), ``local`` (``PFN-prefix=directory``: read PFNs under the prefix
+from a local mount of that RSE), ``timeout`` (per request stall limit, default 30 s) and
+``batch-window`` (how long opens wait to share one replica request, default 5 ms).
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from rucio_fs.config import parse_duration
+from rucio_fs.errors import InvalidInput
+
+AUTH_TYPES = ("userpass", "x509", "x509_proxy", "token")
+READABLE_SCHEMES = ("https", "davs", "http", "dav", "file")
+OPTIONS = ("config", "auth", "api", "schemes", "rses", "local", "timeout", "batch-window")
+
+
+@dataclass(frozen=True)
+class RucioSettings:
+    rucio_host: str
+    auth_host: str
+    account: str
+    auth_type: str
+    vo: str = ""
+    username: str = ""
+    password: str = field(default="", repr=False)
+    client_cert: str = ""
+    client_key: str = ""
+    client_proxy: str = ""
+    token: str = field(default="", repr=False)
+    token_file: str = ""
+    ca_cert: str = ""
+    root: tuple[str, ...] = ()
+    schemes: tuple[str, ...] = ("https", "davs", "http", "file")
+    rses: tuple[str, ...] = ()
+    local: tuple[tuple[str, str], ...] = ()
+    timeout: float = 30.0
+    batch_window: float = 0.005
+
+
+def find_config(explicit: str | None) -> str | None:
+    """The rucio.cfg to read: an explicit path must exist; the usual places may not."""
+    if explicit:
+        if not os.path.isfile(explicit):
+            raise InvalidInput(f"rucio config {explicit!r} does not exist")
+        return explicit
+    candidates = [os.environ.get("RUCIO_CONFIG", "")]
+    for var in ("RUCIO_HOME", "VIRTUAL_ENV"):
+        if os.environ.get(var):
+            candidates.append(os.path.join(os.environ[var], "etc", "rucio.cfg"))
+    candidates.append("/opt/rucio/etc/rucio.cfg")
+    if os.environ.get("RUCIO_CONFIG") and not os.path.isfile(os.environ["RUCIO_CONFIG"]):
+        raise InvalidInput(f"RUCIO_CONFIG={os.environ['RUCIO_CONFIG']!r} does not exist")
+    return next((c for c in candidates if c and os.path.isfile(c)), None)
+
+
+def _read_client_section(path: str | None) -> dict[str, str]:
+    if path is None:
+        return {}
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path)
+    except configparser.Error as exc:
+        first = exc.message.splitlines()[0]
+        raise InvalidInput(f"{path}: not a valid rucio.cfg: {first}") from None
+    return {k: os.path.expandvars(os.path.expanduser(v))
+            for k, v in parser["client"].items()} if parser.has_section("client") else {}
+
+
+def _host_url(netloc_host: str, port: int | None, api: str) -> str:
+    host = f"[{netloc_host}]" if ":" in netloc_host else netloc_host
+    return f"{api}://{host}" + (f":{port}" if port else "")
+
+
+def load_settings(url: str) -> RucioSettings:
+    """Settings for a ``rucio://`` mount URL; InvalidInput with a one-line reason."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise InvalidInput(f"malformed rucio URL {url!r}: {exc}") from None
+    options: dict[str, list[str]] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key not in OPTIONS:
+            raise InvalidInput(f"unknown rucio option {key!r} (known: {', '.join(OPTIONS)})")
+        options.setdefault(key, []).append(value)
+
+    def option(key: str) -> str | None:
+        return options[key][-1] if key in options else None
+
+    cfg = _read_client_section(find_config(option("config")))
+    env = os.environ
+
+    def pick(env_name: str | None, cfg_key: str, default: str = "") -> str:
+        if env_name and env.get(env_name):
+            return env[env_name]
+        return cfg.get(cfg_key, default)
+
+    api = option("api") or "https"
+    if api not in ("http", "https"):
+        raise InvalidInput(f"rucio option api must be http or https, not {api!r}")
+    if parts.hostname:
+        rucio_host = auth_host = _host_url(parts.hostname, port, api)
+    else:
+        rucio_host = cfg.get("rucio_host", "")
+        auth_host = cfg.get("auth_host", rucio_host)
+    if not rucio_host:
+        raise InvalidInput("no Rucio server: name one in the URL (rucio://HOST/) or set "
+                           "rucio_host in rucio.cfg (RUCIO_CONFIG)")
+    account = unquote(parts.username) if parts.username else pick("RUCIO_ACCOUNT", "account")
+    if not account:
+        raise InvalidInput("no Rucio account: use rucio://ACCOUNT@.../ or set account in "
+                           "rucio.cfg or RUCIO_ACCOUNT")
+    auth_type = option("auth") or pick("RUCIO_AUTH_TYPE", "auth_type", "userpass")
+    if auth_type == "oidc":
+        auth_type = "token"  # the OIDC flow is interactive: use the token it left behind
+    if auth_type not in AUTH_TYPES:
+        raise InvalidInput(f"unsupported Rucio auth_type {auth_type!r} "
+                           f"(supported: {', '.join(AUTH_TYPES)}, oidc via its token)")
+
+    schemes = tuple(s for s in (option("schemes") or "https,davs,http,file").split(",") if s)
+    unknown = [s for s in schemes if s not in READABLE_SCHEMES]
+    if unknown or not schemes:
+        raise InvalidInput(f"unreadable PFN scheme(s) {unknown or schemes}: "
+                           f"choose from {', '.join(READABLE_SCHEMES)}")
+    local = []
+    for spec in options.get("local", []):
+        prefix, sep, directory = spec.partition("=")
+        if not sep or not prefix or not os.path.isdir(directory):
+            raise InvalidInput(f"rucio option local={spec!r}: expected PFN-PREFIX=EXISTING-DIR")
+        local.append((prefix, directory))
+    try:
+        timeout = parse_duration(option("timeout") or "30s")
+        window = parse_duration(option("batch-window") or "5ms")
+    except ValueError as exc:
+        raise InvalidInput(f"rucio option: {exc}") from None
+    if timeout <= 0:
+        raise InvalidInput("rucio option timeout must be positive")
+
+    settings = RucioSettings(
+        rucio_host=rucio_host.rstrip("/"), auth_host=auth_host.rstrip("/"), account=account,
+        auth_type=auth_type, vo=pick("RUCIO_VO", "vo"),
+        username=cfg.get("username", ""), password=cfg.get("password", ""),
+        client_cert=pick("RUCIO_CLIENT_CERT", "client_cert"),
+        client_key=pick("RUCIO_CLIENT_KEY", "client_key"),
+        client_proxy=(env.get("RUCIO_CLIENT_PROXY") or cfg.get("client_x509_proxy")
+                      or env.get("X509_USER_PROXY", "")),
+        token=env.get("RUCIO_AUTH_TOKEN", ""), token_file=cfg.get("auth_token_file_path", ""),
+        ca_cert=pick("X509_CERT_DIR", "ca_cert"),
+        root=tuple(p for p in unquote(parts.path).split("/") if p),
+        schemes=schemes, rses=tuple(r for r in (option("rses") or "").split(",") if r),
+        local=tuple(local), timeout=timeout, batch_window=window)
+    _check_credentials(settings)
+    return settings
+
+
+def _check_credentials(s: RucioSettings) -> None:
+    """Fail before mounting when the chosen auth type lacks what it needs."""
+    if s.auth_type == "userpass" and not (s.username and s.password):
+        raise InvalidInput("auth_type userpass needs username and password in rucio.cfg")
+    if s.auth_type == "x509":
+        for what, path in (("client_cert", s.client_cert), ("client_key", s.client_key)):
+            if not path or not os.path.isfile(path):
+                raise InvalidInput(f"auth_type x509 needs a readable {what} (got {path!r})")
+    if s.auth_type == "x509_proxy" and not (s.client_proxy and os.path.isfile(s.client_proxy)):
+        raise InvalidInput(f"auth_type x509_proxy needs X509_USER_PROXY or client_x509_proxy "
+                           f"to name a file (got {s.client_proxy!r})")
+    if s.ca_cert and not os.path.exists(s.ca_cert):
+        raise InvalidInput(f"ca_cert {s.ca_cert!r} does not exist")

@@ -1,0 +1,222 @@
+"""Which HTTP machinery moves bytes fastest from a loopback server, measured, not assumed.
+
+Reads one large object (default 1 GiB) as 1 MiB ranged GETs -- the shape of the read path's
+block fetches -- with 1 and several workers, through each candidate client, next to ``curl``
+of the whole object. Usage::
+
+    python benchmarks/bench_http.py URL [--size-mib 1024] [--workers 1,4,8] [--cacert FILE]
+
+Clients that are not installed are reported as such. The result decides
+``rucio_fs.http``'s machinery (see benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+BLOCK = 1 << 20
+
+
+def ranges(total: int) -> list[tuple[int, int]]:
+    return [(off, min(BLOCK, total - off)) for off in range(0, total, BLOCK)]
+
+
+def run_threads(make_reader: Callable[[], Callable[[int, int], int]], total: int,
+                workers: int) -> float:
+    """Each worker takes the next range; returns seconds for all of them."""
+    todo = ranges(total)
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        read = make_reader()
+        while True:
+            with lock:
+                if not todo:
+                    return
+                off, size = todo.pop(0)
+            try:
+                got = read(off, size)
+                assert got == size, (got, size)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=work) for _ in range(workers)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - start
+
+
+def httpx_reader(url: str, ctx: ssl.SSLContext | bool):
+    import httpx
+
+    client = httpx.Client(verify=ctx, timeout=30)
+
+    def make():
+        def read(off: int, size: int) -> int:
+            r = client.get(url, headers={"Range": f"bytes={off}-{off + size - 1}"})
+            return len(r.content)
+        return read
+    return make
+
+
+def stdlib_reader(url: str, ctx: ssl.SSLContext | None):
+    parts = urlsplit(url)
+
+    def make():
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(parts.hostname, parts.port, context=ctx)
+        else:
+            conn = http.client.HTTPConnection(parts.hostname, parts.port)
+        buf = bytearray(BLOCK)
+
+        def read(off: int, size: int) -> int:
+            conn.request("GET", parts.path, headers={"Range": f"bytes={off}-{off + size - 1}"})
+            resp = conn.getresponse()
+            view, got = memoryview(buf)[:size], 0
+            while got < size:
+                n = resp.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            resp.read()
+            return got
+        return read
+    return make
+
+
+def urllib3_reader(url: str, cacert: str | None):
+    import urllib3
+
+    pool = urllib3.PoolManager(maxsize=32, ca_certs=cacert)
+
+    def make():
+        buf = bytearray(BLOCK)
+
+        def read(off: int, size: int) -> int:
+            resp = pool.request("GET", url, preload_content=False,
+                                headers={"Range": f"bytes={off}-{off + size - 1}"})
+            view, got = memoryview(buf)[:size], 0
+            while got < size:
+                n = resp.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+            resp.release_conn()
+            return got
+        return read
+    return make
+
+
+def pycurl_reader(url: str, cacert: str | None):
+    import io
+
+    import pycurl
+
+    def make():
+        curl = pycurl.Curl()
+        curl.setopt(pycurl.URL, url)
+        curl.setopt(pycurl.BUFFERSIZE, 512 * 1024)
+        if cacert:
+            curl.setopt(pycurl.CAINFO, cacert)
+
+        def read(off: int, size: int) -> int:
+            out = io.BytesIO()
+            curl.setopt(pycurl.RANGE, f"{off}-{off + size - 1}")
+            curl.setopt(pycurl.WRITEDATA, out)
+            curl.perform()
+            return out.tell()
+        return read
+    return make
+
+
+def httpx_trio(url: str, ctx: ssl.SSLContext | bool, total: int, workers: int) -> float:
+    import httpx
+    import trio
+
+    async def main() -> float:
+        todo = ranges(total)
+        async with httpx.AsyncClient(verify=ctx, timeout=30,
+                                     limits=httpx.Limits(max_connections=workers)) as client:
+            async def work() -> None:
+                while todo:
+                    off, size = todo.pop(0)
+                    r = await client.get(url, headers={"Range": f"bytes={off}-{off + size - 1}"})
+                    assert len(r.content) == size
+
+            start = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for _ in range(workers):
+                    nursery.start_soon(work)
+            return time.perf_counter() - start
+    return trio.run(main)
+
+
+def httpx_stream(url: str, ctx: ssl.SSLContext | bool, total: int) -> float:
+    import httpx
+
+    start = time.perf_counter()
+    with httpx.Client(verify=ctx, timeout=30) as client, client.stream("GET", url) as r:
+        got = sum(len(chunk) for chunk in r.iter_raw(BLOCK))
+    assert got >= total
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("url")
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--workers", default="1,4,8")
+    ap.add_argument("--cacert")
+    args = ap.parse_args()
+    total = args.size_mib << 20
+    ctx = ssl.create_default_context(cafile=args.cacert) if args.cacert else None
+    mb = total / 1e6
+
+    def show(name: str, fn: Callable[[], float]) -> None:
+        try:
+            secs = fn()
+        except ImportError as exc:
+            print(f"{name:34s} not installed ({exc.name})")
+            return
+        print(f"{name:34s} {mb / secs:8.0f} MB/s", flush=True)
+
+    curl = ["curl", "-sf", "-o", "/dev/null", "-r", f"0-{total - 1}", args.url]
+    if args.cacert:
+        curl[1:1] = ["--cacert", args.cacert]
+
+    def run_curl() -> float:
+        start = time.perf_counter()
+        subprocess.run(curl, check=True)
+        return time.perf_counter() - start
+
+    show("curl (one stream)", run_curl)
+    show("httpx stream (one stream)", lambda: httpx_stream(args.url, ctx or True, total))
+    for workers in (int(w) for w in args.workers.split(",")):
+        show(f"httpx sync, {workers} threads", lambda w=workers: run_threads(
+            httpx_reader(args.url, ctx or True), total, w))
+        show(f"httpx async (trio), {workers} tasks",
+             lambda w=workers: httpx_trio(args.url, ctx or True, total, w))
+        show(f"http.client readinto, {workers} threads", lambda w=workers: run_threads(
+            stdlib_reader(args.url, ctx), total, w))
+        show(f"urllib3 readinto, {workers} threads", lambda w=workers: run_threads(
+            urllib3_reader(args.url, args.cacert), total, w))
+        show(f"pycurl, {workers} threads", lambda w=workers: run_threads(
+            pycurl_reader(args.url, args.cacert), total, w))
+
+
+if __name__ == "__main__":
+    main()

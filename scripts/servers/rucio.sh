@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# A real Rucio server on 127.0.0.1 for tests and benchmarks: Rucio 41.x from PyPI under gunicorn,
+# SQLite, memcached, and an nginx WebDAV storage element (RSE "DAV", http + https with a
+# self-signed certificate), populated with the test catalog (see rucio_populate.py).
+#
+#   rucio.sh start DIR [--bench]   install what is missing, start, populate; writes DIR/server.env
+#   rucio.sh stop DIR              stop every process it started, by PID
+#   rucio.sh stop-storage DIR      stop only the storage (nginx); start-storage DIR starts it again
+#
+# Ports come from RUCIO_PORT, DAV_HTTP, DAV_HTTPS, MC_PORT. The server's virtualenv is cached in
+# RUCIO_FS_SERVER_CACHE (default ~/.cache/rucio-fs) because pip install takes over a minute.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cmd=${1:?usage: rucio.sh start|stop|stop-storage|start-storage DIR [--bench]}
+BASE=$(mkdir -p "${2:?usage: rucio.sh $cmd DIR}" && cd "$2" && pwd)
+RUCIO_VERSION=41.5.1
+RUCIO_PORT=${RUCIO_PORT:-18080}; DAV_HTTP=${DAV_HTTP:-18081}; DAV_HTTPS=${DAV_HTTPS:-18443}
+MC_PORT=${MC_PORT:-21211}
+VENV=${RUCIO_FS_SERVER_CACHE:-$HOME/.cache/rucio-fs}/rucio-$RUCIO_VERSION
+
+log() { printf 'rucio.sh: %s\n' "$*" >&2; }
+stop_pidfile() {  # stop_pidfile FILE: TERM the process, wait for it, remove the file
+  local file=$1 pid
+  [ -s "$file" ] || return 0
+  pid=$(cat "$file")
+  if kill "$pid" 2>/dev/null; then
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
+  rm -f "$file"
+}
+start_storage() { nginx -c "$BASE/nginx.conf"; }
+
+case $cmd in
+  stop)
+    for name in gunicorn nginx memcached; do stop_pidfile "$BASE/$name.pid"; done
+    exit 0 ;;
+  stop-storage) stop_pidfile "$BASE/nginx.pid"; exit 0 ;;
+  start-storage) start_storage; exit 0 ;;
+  start) ;;
+  *) log "unknown command $cmd"; exit 2 ;;
+esac
+bench=0; [ "${3:-}" = --bench ] && bench=1
+
+need_apt=()
+for pkg in nginx-light libnginx-mod-http-dav-ext memcached openssl curl python3-venv; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if ((${#need_apt[@]})); then
+  log "apt-get install ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+if [ ! -x "$VENV/bin/gunicorn" ]; then
+  log "installing rucio $RUCIO_VERSION into $VENV"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q "rucio==$RUCIO_VERSION" gunicorn >"$BASE/pip.log" 2>&1 \
+    || { cat "$BASE/pip.log" >&2; exit 1; }
+fi
+SITE=$("$VENV/bin/python" -c 'import os, rucio; print(os.path.dirname(rucio.__file__))')
+
+mkdir -p "$BASE"/{etc,logs,webdav/rucio,nginx-tmp}
+rm -f "$BASE/rucio.db"
+cat >"$BASE/etc/rucio.cfg" <<CFG
+[common]
+logdir = $BASE/logs
+loglevel = WARNING
+[client]
+rucio_host = http://127.0.0.1:$RUCIO_PORT
+auth_host = http://127.0.0.1:$RUCIO_PORT
+auth_type = userpass
+username = ddmlab
+password = secret
+account = root
+ca_cert = $BASE/tls.crt
+request_retries = 1
+[database]
+default = sqlite:///$BASE/rucio.db
+[bootstrap]
+userpass_identity = ddmlab
+userpass_pwd = secret
+userpass_email = root@localhost
+[alembic]
+cfg = $BASE/etc/alembic.ini
+[policy]
+permission = generic
+schema = generic
+lfn2pfn_algorithm_default = hash
+support = nobody@localhost
+support_rucio = none
+[cache]
+url = 127.0.0.1:$MC_PORT
+# Tokens validated by the server live in memcached, not in each worker's memory: a test can
+# expire them all at once.
+use_external_cache_for_auth_tokens = True
+[monitor]
+enable_metrics = False
+CFG
+# alembic needs the logging sections: migrate_repo/env.py calls fileConfig().
+cat >"$BASE/etc/alembic.ini" <<CFG
+[alembic]
+sqlalchemy.url = sqlite:///$BASE/rucio.db
+script_location = $SITE/db/sqla/migrate_repo/
+[loggers]
+keys = root
+[handlers]
+keys = console
+[formatters]
+keys = generic
+[logger_root]
+level = WARN
+handlers = console
+[handler_console]
+class = StreamHandler
+args = (sys.stderr,)
+formatter = generic
+[formatter_generic]
+format = %(levelname)s [%(name)s] %(message)s
+CFG
+export RUCIO_CONFIG=$BASE/etc/rucio.cfg
+
+# Without memcached Rucio silently disables its cache and replica listing gets ~6x slower.
+memcached -u root -l 127.0.0.1 -p "$MC_PORT" -m 128 -d -P "$BASE/memcached.pid"
+"$VENV/bin/python" -c 'from rucio.db.sqla.util import build_database as b, create_base_vo as v, create_root_account as r; b(); v(); r()' \
+  >"$BASE/logs/bootstrap.log" 2>&1 || { cat "$BASE/logs/bootstrap.log" >&2; exit 1; }
+# --timeout above the longest listing: a killed sync worker truncates a 200 response mid-stream.
+"$VENV/bin/gunicorn" -D -b "127.0.0.1:$RUCIO_PORT" -w 2 --timeout 600 --pid "$BASE/gunicorn.pid" \
+  --error-logfile "$BASE/logs/gunicorn.log" --access-logfile "$BASE/logs/access.log" \
+  rucio.web.rest.flaskapi.v1.main:application
+
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$BASE/tls.key" -out "$BASE/tls.crt" -days 7 \
+  -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1,DNS:localhost 2>/dev/null
+# Rucio's webdav protocol insists on an X.509 "proxy" file even though nginx asks for none.
+cat "$BASE/tls.crt" "$BASE/tls.key" >"$BASE/x509up.pem"
+cat >"$BASE/nginx.conf" <<CFG
+load_module /usr/lib/nginx/modules/ngx_http_dav_ext_module.so;
+user root; worker_processes 2; pid $BASE/nginx.pid; error_log $BASE/logs/nginx-error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log $BASE/logs/nginx-access.log; sendfile on; keepalive_requests 100000;
+  client_body_temp_path $BASE/nginx-tmp/body; proxy_temp_path $BASE/nginx-tmp/p;
+  fastcgi_temp_path $BASE/nginx-tmp/f; uwsgi_temp_path $BASE/nginx-tmp/u; scgi_temp_path $BASE/nginx-tmp/s;
+  server {
+    listen 127.0.0.1:$DAV_HTTP; listen 127.0.0.1:$DAV_HTTPS ssl;
+    ssl_certificate $BASE/tls.crt; ssl_certificate_key $BASE/tls.key;
+    root $BASE/webdav; client_max_body_size 0;
+    location / { dav_methods PUT DELETE MKCOL COPY MOVE; dav_ext_methods PROPFIND OPTIONS;
+                 create_full_put_path on; autoindex on; }
+  }
+}
+CFG
+start_storage
+
+for _ in $(seq 150); do
+  curl -sf "http://127.0.0.1:$RUCIO_PORT/ping" >/dev/null && break
+  sleep 0.2
+done
+curl -sf "http://127.0.0.1:$RUCIO_PORT/ping" >/dev/null || { log "server did not start"; exit 1; }
+
+cat >"$BASE/server.env" <<ENV
+RUCIO_CONFIG=$BASE/etc/rucio.cfg
+RUCIO_HOST=http://127.0.0.1:$RUCIO_PORT
+DAV_ROOT=$BASE/webdav
+DAV_HTTP=$DAV_HTTP
+DAV_HTTPS=$DAV_HTTPS
+CA_CERT=$BASE/tls.crt
+ACCESS_LOG=$BASE/logs/access.log
+ENV
+# A fresh catalog needs fresh storage (rucio upload skips a file it finds already there); the
+# 4.2 GB file is kept, it is the same bytes every time.
+find "$BASE/webdav/rucio" -type f ! -name 'frame-4509715660.gwf' -delete
+X509_USER_PROXY=$BASE/x509up.pem "$VENV/bin/python" "$here/rucio_populate.py" "$BASE" \
+  --dav-http "$DAV_HTTP" --dav-https "$DAV_HTTPS" --rucio "$VENV/bin/rucio" \
+  --big-writer "$repo/.venv/bin/python" $( ((bench)) && echo --bench )
+log "ready: $BASE/server.env"
