@@ -10,7 +10,8 @@ Contract for implementers:
 * ``list(path)`` yields the entries of a directory **with their attributes**; the core never
   calls ``stat`` per listed entry. A listing that cannot be completed raises (typically
   :class:`~rucio_fs.errors.Unavailable`); it never ends early with a shorter result.
-* ``read(handle, offset, size)`` returns exactly ``size`` bytes, fewer only at end of file.
+* ``read(handle, offset, size)`` returns exactly ``size`` bytes, fewer only at end of file,
+  as ``bytes`` or a read-only ``memoryview`` that nobody modifies afterwards (no copy needed).
 * Errors are the typed ones from :mod:`rucio_fs.errors`.
 * Optional operations are declared in ``capabilities``; the core never probes for them.
 """
@@ -107,7 +108,7 @@ class Backend(ABC):
         """Prepare reading ``path`` (e.g. resolve a replica); returns an opaque handle."""
 
     @abstractmethod
-    async def read(self, handle: Any, offset: int, size: int) -> bytes:
+    async def read(self, handle: Any, offset: int, size: int) -> bytes | memoryview:
         """Exactly ``size`` bytes at ``offset`` (fewer only at end of file)."""
 
     async def close(self, handle: Any) -> None:  # noqa: B027 - optional hook

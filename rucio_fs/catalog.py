@@ -190,12 +190,38 @@ class Catalog:
             block = await self._load_block(path, version, entry, handle, index)
         return block
 
-    async def prefetch_block(self, path: str, version: str, entry: Entry, handle: Any,
-                             index: int) -> None:
-        """Fetch one block into the data layer ahead of its reader (a shared flight)."""
-        if self.data.peek((path, version, index)) is None:
-            await self._load_block(path, version, entry, handle, index)
-            self.stats.events["prefetched_blocks"] += 1
+    def block_wanted(self, path: str, version: str, index: int) -> bool:
+        """Whether block ``index`` is neither cached nor being fetched."""
+        key = (path, version, index)
+        return self.data.peek(key) is None and not self._flight.in_flight(("read", key))
+
+    async def prefetch_blocks(self, path: str, version: str, entry: Entry, handle: Any,
+                              first: int, count: int) -> None:
+        """Fetch blocks ``first .. first+count-1`` into the data layer with one ranged read.
+
+        Each block is a shared flight while it is on its way, so a reader arriving for any
+        of them waits for this request instead of issuing its own.
+        """
+        block_size = self.config.block_size
+        start = first * block_size
+        length = min(count * block_size, entry.size - start)
+        keys = [(path, version, i) for i in range(first, first + count)]
+
+        async def fetch() -> list[bytes]:
+            data = await self._timed("read", lambda: self.backend.read(handle, start, length))
+            self.stats.backend_call("read").bytes += len(data)
+            if len(data) != length:
+                raise IntegrityError(
+                    f"backend returned {len(data)} of {length} bytes at {start}")
+            # Blocks are views of the one buffer: no copy; it is freed with its last block.
+            view = memoryview(data)
+            blocks = [view[k * block_size:(k + 1) * block_size] for k in range(count)]
+            for key, block in zip(keys, blocks, strict=True):
+                self.data.put(key, block)
+            return blocks
+
+        await self._flight.run_group([("read", key) for key in keys], fetch)
+        self.stats.events["prefetched_blocks"] += count
 
     async def _load_block(self, path: str, version: str, entry: Entry, handle: Any,
                           index: int) -> bytes:

@@ -7,6 +7,8 @@ nothing stays mounted after a failure.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -30,6 +32,9 @@ from .mounts import find_mount, require_rucio_fs, runtime_dir, socket_path
 from .registry import open_backend
 from .stats import Stats
 from .tracing import RequestRecorder
+
+#: glibc mallopt() parameter (malloc.h).
+M_ARENA_MAX = -8
 
 log = logging.getLogger("rucio_fs")
 
@@ -126,8 +131,22 @@ def _report(ready_fd: int | None, message: str) -> None:
         print(f"rucio-fs: {message}", file=sys.stderr)
 
 
+def _bound_malloc() -> None:
+    """Keep glibc from growing one heap per worker thread.
+
+    Data blocks are large buffers allocated in worker threads and freed on the event loop's
+    thread. With glibc's default of up to 8 arenas per core each thread's heap kept freed
+    blocks, and the daemon grew to 2.5x its data budget. One arena measured: peak RSS at the
+    budget (262 MB for 256 MB of data) and no loss of speed; a fixed mmap threshold instead
+    bounded memory too, but page faults on every new buffer cost 30 % of read throughput.
+    """
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to tune
+        ctypes.CDLL(None).mallopt(M_ARENA_MAX, 1)
+
+
 def _run(req: MountRequest, backend: Backend, ready_fd: int | None) -> int:
     state: dict[str, int | None] = {"ready_fd": ready_fd}
+    _bound_malloc()
     try:
         trio.run(_serve, req, backend, state)
     except RucioFsError as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 import trio
@@ -58,3 +58,35 @@ class SingleFlight:
         finally:
             del self._flights[key]
             flight.done.set()
+
+    def in_flight(self, key: tuple[str, Hashable]) -> bool:
+        return key in self._flights
+
+    async def run_group(self, keys: Sequence[tuple[str, Hashable]],
+                        fn: Callable[[], Awaitable[Sequence[T]]]) -> Sequence[T]:
+        """One call producing the values of several keys (none of them in flight yet).
+
+        A caller of any of these keys arriving meanwhile waits for this call and gets its
+        own key's value: e.g. one ranged request fetching several cache blocks.
+        """
+        if not self.enabled:
+            return await fn()
+        flights = [self._flights.setdefault(key, _Flight()) for key in keys]
+        error: BaseException | None = None
+        values: Sequence[T] = ()
+        try:
+            values = await fn()
+            return values
+        except trio.Cancelled:
+            error = Unavailable("the shared backend call was cancelled")
+            raise
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            for i, (key, flight) in enumerate(zip(keys, flights, strict=True)):
+                if self._flights.get(key) is flight:
+                    del self._flights[key]
+                flight.error = error
+                flight.value = values[i] if error is None else None
+                flight.done.set()
