@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -130,6 +131,18 @@ class RucioServer:
                        capture_output=True, timeout=60)
 
 
+def free_ports(count: int) -> list[int]:
+    """Ports nobody listens on right now (so a test server never meets a running one)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
 REPO = Path(__file__).resolve().parent.parent
 SERVER_SCRIPT = REPO / "scripts" / "servers" / "rucio.sh"
 
@@ -144,8 +157,11 @@ def rucio_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RucioServ
     reuse = os.environ.get("RUCIO_FS_TEST_RUCIO_DIR")
     base = Path(reuse) if reuse else tmp_path_factory.mktemp("rucio-server")
     if not reuse:
+        ports = dict(zip(("RUCIO_PORT", "DAV_HTTP", "DAV_HTTPS", "MC_PORT"), free_ports(4),
+                         strict=True))
         result = subprocess.run(["bash", str(SERVER_SCRIPT), "start", str(base)],
-                                capture_output=True, text=True, timeout=1200)
+                                capture_output=True, text=True, timeout=1200,
+                                env={**os.environ, **ports})
         if result.returncode != 0:
             subprocess.run(["bash", str(SERVER_SCRIPT), "stop", str(base)])
             raise RuntimeError(f"Rucio server did not start:\n{result.stderr[-3000:]}")
