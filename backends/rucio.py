@@ -185,7 +185,7 @@ class ReplicaResolver:
             if scheme not in s.schemes:
                 continue
             rse = str(info.get("rse", ""))
-            url, local = _readable_url(pfn, s.local)
+            url, local = _readable_url(pfn, s)
             rse_rank = s.rses.index(rse) if rse in s.rses else len(s.rses)
             ranked.append(((not local, rse_rank, s.schemes.index(scheme),
                             info.get("priority") or 0), Replica(url, rse)))
@@ -193,10 +193,14 @@ class ReplicaResolver:
         return [replica for _, replica in ranked]
 
 
-def _readable_url(pfn: str, local: tuple[tuple[str, str], ...]) -> tuple[str, bool]:
-    for prefix, directory in local:
+def _readable_url(pfn: str, settings: RucioSettings) -> tuple[str, bool]:
+    """The URL to read ``pfn`` from, and whether it is a local file."""
+    for prefix, directory in settings.local:
         if pfn.startswith(prefix):
             return "file://" + quote(directory.rstrip("/") + "/" + pfn[len(prefix):]), True
+    for prefix, target in settings.redirect:
+        if pfn.startswith(prefix):
+            return target + pfn[len(prefix):], False
     if pfn.startswith("davs://"):
         return "https://" + pfn[len("davs://"):], False
     if pfn.startswith("dav://"):

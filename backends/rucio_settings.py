@@ -15,8 +15,8 @@ URL options: ``config`` (a rucio.cfg path), ``auth`` (userpass, x509, x509_proxy
 ``api`` (``http`` to talk plain http to a host named in the URL; https otherwise),
 ``schemes`` (PFN schemes in order of preference, default ``https,davs,http,file``), ``rses``
 (RSEs in order of preference), ``local`` (``PFN-prefix=directory``: read PFNs under the prefix
-from a local mount of that RSE), ``timeout`` (per request stall limit, default 30 s) and
-``batch-window`` (how long opens wait to share one replica request, default 5 ms).
+from a local mount of that RSE), ``redirect`` (``PFN-prefix=URL-prefix``: read them through
+another endpoint, e.g. a caching proxy), ``timeout`` (per request stall limit, default 30 s).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from rucio_fs.errors import InvalidInput
 
 AUTH_TYPES = ("userpass", "x509", "x509_proxy", "token")
 READABLE_SCHEMES = ("https", "davs", "http", "dav", "file")
-OPTIONS = ("config", "auth", "api", "schemes", "rses", "local", "timeout", "batch-window")
+OPTIONS = ("config", "auth", "api", "schemes", "rses", "local", "redirect", "timeout")
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class RucioSettings:
     schemes: tuple[str, ...] = ("https", "davs", "http", "file")
     rses: tuple[str, ...] = ()
     local: tuple[tuple[str, str], ...] = ()
+    redirect: tuple[tuple[str, str], ...] = ()
     timeout: float = 30.0
-    batch_window: float = 0.005
 
 
 def find_config(explicit: str | None) -> str | None:
@@ -148,9 +148,14 @@ def load_settings(url: str) -> RucioSettings:
         if not sep or not prefix or not os.path.isdir(directory):
             raise InvalidInput(f"rucio option local={spec!r}: expected PFN-PREFIX=EXISTING-DIR")
         local.append((prefix, directory))
+    redirect = []
+    for spec in options.get("redirect", []):
+        prefix, sep, target = spec.partition("=")
+        if not sep or not prefix or urlsplit(target).scheme not in ("http", "https"):
+            raise InvalidInput(f"rucio option redirect={spec!r}: expected PFN-PREFIX=URL-PREFIX")
+        redirect.append((prefix, target))
     try:
         timeout = parse_duration(option("timeout") or "30s")
-        window = parse_duration(option("batch-window") or "5ms")
     except ValueError as exc:
         raise InvalidInput(f"rucio option: {exc}") from None
     if timeout <= 0:
@@ -168,7 +173,7 @@ def load_settings(url: str) -> RucioSettings:
         ca_cert=pick("X509_CERT_DIR", "ca_cert"),
         root=tuple(p for p in unquote(parts.path).split("/") if p),
         schemes=schemes, rses=tuple(r for r in (option("rses") or "").split(",") if r),
-        local=tuple(local), timeout=timeout, batch_window=window)
+        local=tuple(local), redirect=tuple(redirect), timeout=timeout)
     _check_credentials(settings)
     return settings
 

@@ -1,0 +1,96 @@
+"""Network faults between the mount and real servers: a fault-injecting proxy sits in front
+of the Rucio server's storage (or the Rucio server itself) and drops, stalls or corrupts
+answers. A read either retries to the right bytes or fails with EIO in bounded time; a listing
+is complete or an error. Never wrong data, never a hang, never a short result."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+import zlib
+
+import pytest
+from fault_proxy import fault_proxy
+
+
+def adler32(data: bytes) -> str:
+    return f"{zlib.adler32(data):08x}"
+
+
+@pytest.fixture
+def storage_proxy(rucio_server):
+    with fault_proxy(f"http://127.0.0.1:{rucio_server.env['DAV_HTTP']}") as proxy:
+        yield proxy
+
+
+def mount_through(mount_fs, rucio_server, proxy, dataset: str, *options: str,
+                  timeout: str = "1s"):
+    """A mount of ``dataset`` whose storage reads all go through ``proxy``."""
+    storage = f"http://127.0.0.1:{rucio_server.env['DAV_HTTP']}/"
+    url = (f"rucio:///bench/{dataset}?schemes=http&timeout={timeout}"
+           f"&redirect={storage}={proxy.url}/")
+    return mount_fs(url, *options)
+
+
+def test_dropped_connections_are_retried_to_the_right_bytes(mount_fs, rucio_server,
+                                                            storage_proxy):
+    m = mount_through(mount_fs, rucio_server, storage_proxy, "ds1000")
+    files = rucio_server.catalog["ds1000"][:5]
+    storage_proxy.inject("drop", times=3)  # fewer than one read's 4 attempts
+    for f in files:
+        assert adler32((m.path / f["name"]).read_bytes()) == f["adler32"]
+    counters = m.stats()["backend_counters"]
+    assert counters["storage_retries"] == 3
+    assert counters["replica_requests"] == 5  # no read failed over or gave up
+
+
+def test_a_body_that_always_ends_early_is_eio_not_a_short_file(mount_fs, rucio_server,
+                                                              storage_proxy):
+    m = mount_through(mount_fs, rucio_server, storage_proxy, "ds1000")
+    f = rucio_server.catalog["ds1000"][10]
+    storage_proxy.inject("drop", match=f["name"])
+    with pytest.raises(OSError) as exc:
+        (m.path / f["name"]).read_bytes()
+    assert exc.value.errno == errno.EIO
+    assert "body ended after" in m.log_text() or "IncompleteRead" in m.log_text()
+
+
+def test_a_stalled_server_gives_eio_in_bounded_time(mount_fs, rucio_server, storage_proxy):
+    m = mount_through(mount_fs, rucio_server, storage_proxy, "ds1000", "--timeout", "30s")
+    f = rucio_server.catalog["ds1000"][11]
+    storage_proxy.inject("stall", match=f["name"])
+    start = time.monotonic()
+    with pytest.raises(OSError) as exc:
+        (m.path / f["name"]).read_bytes()
+    assert exc.value.errno == errno.EIO
+    # 4 attempts of a 1 s stall limit, plus backoff: far below the 30 s call timeout.
+    assert time.monotonic() - start < 15
+    storage_proxy.clear()
+    assert adler32((m.path / f["name"]).read_bytes()) == f["adler32"]
+
+
+def test_a_corrupted_byte_fails_verification_then_a_clean_read_succeeds(
+        mount_fs, rucio_server, storage_proxy):
+    m = mount_through(mount_fs, rucio_server, storage_proxy, "ds1000")
+    f = rucio_server.catalog["ds1000"][12]
+    storage_proxy.inject("corrupt", match=f["name"], times=1)
+    with pytest.raises(OSError) as exc:
+        (m.path / f["name"]).read_bytes()
+    assert exc.value.errno == errno.EIO
+    assert "adler32 mismatch: the catalog says" in m.log_text()
+    # Nothing of the bad pass is served again: the next open fetches and verifies anew.
+    assert adler32((m.path / f["name"]).read_bytes()) == f["adler32"]
+
+
+def test_a_truncated_listing_is_an_error_never_a_shorter_listing(mount_fs, rucio_server):
+    with fault_proxy(rucio_server.env["RUCIO_HOST"]) as proxy:
+        port = proxy.port
+        m = mount_fs(f"rucio://127.0.0.1:{port}/bench?api=http")
+        proxy.inject("drop", match="/dids/bench/ds5000/dids")
+        with pytest.raises(OSError) as exc:
+            os.listdir(m.path / "ds5000")
+        assert exc.value.errno == errno.EIO
+        assert "content of bench:ds5000: stream broken" in m.log_text()
+        proxy.clear()
+        assert len(os.listdir(m.path / "ds5000")) == 5000
