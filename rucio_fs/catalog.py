@@ -17,6 +17,7 @@ import trio
 from .backend import Backend, Entry, Kind
 from .caches import CacheLayer, Listing, byte_cache, ttl_cache
 from .config import MountConfig
+from .disk_cache import DiskCache
 from .errors import IntegrityError, NotADirectory, NotFound, RucioFsError, Unavailable
 from .singleflight import SingleFlight
 from .stats import Stats, errno_name
@@ -24,7 +25,7 @@ from .stats import Stats, errno_name
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-LAYERS = ("kernel", "metadata", "listing", "data")
+LAYERS = ("kernel", "metadata", "listing", "data", "disk")
 
 #: Cached in the metadata layer for a path that does not exist (a negative entry).
 _MISSING = Entry(name="", kind=Kind.FILE)
@@ -47,8 +48,10 @@ def content_version(entry: Entry) -> str:
 class Catalog:
     """Cached, coalesced, measured access to a backend's namespace and data."""
 
-    def __init__(self, backend: Backend, config: MountConfig, stats: Stats) -> None:
+    def __init__(self, backend: Backend, config: MountConfig, stats: Stats,
+                 disk: DiskCache | None = None) -> None:
         self.backend = backend
+        self.disk = disk
         self.config = config
         self.stats = stats
 
@@ -163,12 +166,12 @@ class Catalog:
         if size <= 0:
             return b""
         version = content_version(entry)
-        if not self.data.enabled:
+        if not self.data.enabled and self.disk is None:
             return await self._fetch(handle, (path, version, offset, size), offset, size)
         block_size = self.config.block_size
         first, last = offset // block_size, (offset + size - 1) // block_size
-        if not sequential and any(self.data.peek((path, version, i)) is None
-                                  for i in range(first, last + 1)):
+        if not sequential and not all(self._cached(path, version, i)
+                                      for i in range(first, last + 1)):
             self.stats.events["random_reads_uncached"] += 1
             return await self._fetch(handle, (path, version, offset, size), offset, size)
         if first == last:
@@ -183,17 +186,26 @@ class Catalog:
             parts.append(memoryview(block)[lo:hi])
         return b"".join(parts)
 
+    def _cached(self, path: str, version: str, index: int) -> bool:
+        key = (path, version, index)
+        return self.data.peek(key) is not None or (self.disk is not None and self.disk.has(key))
+
     async def _block(self, path: str, version: str, entry: Entry, handle: Any,
                      index: int) -> bytes:
-        block = self.data.get((path, version, index))
+        key = (path, version, index)
+        block = self.data.get(key)
+        if block is None and self.disk is not None:
+            block = await self.disk.get(key)
+            if block is not None:
+                self.data.put(key, block)
         if block is None:
             block = await self._load_block(path, version, entry, handle, index)
         return block
 
     def block_wanted(self, path: str, version: str, index: int) -> bool:
         """Whether block ``index`` is neither cached nor being fetched."""
-        key = (path, version, index)
-        return self.data.peek(key) is None and not self._flight.in_flight(("read", key))
+        return (not self._cached(path, version, index)
+                and not self._flight.in_flight(("read", (path, version, index))))
 
     async def prefetch_blocks(self, path: str, version: str, entry: Entry, handle: Any,
                               first: int, count: int) -> None:
@@ -218,6 +230,8 @@ class Catalog:
             blocks = [view[k * block_size:(k + 1) * block_size] for k in range(count)]
             for key, block in zip(keys, blocks, strict=True):
                 self.data.put(key, block)
+                if self.disk is not None:
+                    await self.disk.put(key, block)
             return blocks
 
         await self._flight.run_group([("read", key) for key in keys], fetch)
@@ -230,6 +244,8 @@ class Catalog:
         length = min(self.config.block_size, entry.size - start)
         block = await self._fetch(handle, key, start, length)
         self.data.put(key, block)
+        if self.disk is not None:
+            await self.disk.put(key, block)
         return block
 
     async def _fetch(self, handle: Any, key: Hashable, offset: int, size: int) -> bytes:
@@ -242,13 +258,20 @@ class Catalog:
 
         return await self._call("read", key, fetch)
 
-    def discard_data(self, path: str) -> None:
+    def discard_data(self, path: str, entry: Entry) -> None:
         """Forget every cached block of ``path`` (e.g. after it failed verification)."""
         for key in [k for k in self.data.cached_keys() if k[0] == path]:
             self.data.discard(key)
+        if self.disk is not None:
+            version = content_version(entry)
+            for index in range((entry.size + self.config.block_size - 1)
+                               // self.config.block_size):
+                self.disk.discard((path, version, index))
 
     def drop(self, layers: Iterable[str]) -> None:
         """Empty the named user-space layers (the kernel layer is the FUSE layer's job)."""
         for layer in layers:
             if layer in ("metadata", "listing", "data"):
                 getattr(self, layer).drop()
+            elif layer == "disk" and self.disk is not None:
+                self.disk.drop()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -63,6 +64,13 @@ def cli() -> None:
 @click.option("--no-metadata-cache", is_flag=True, help="No stat-result cache.")
 @click.option("--no-listing-cache", is_flag=True, help="No directory-listing cache.")
 @click.option("--no-data-cache", is_flag=True, help="No in-memory data block cache.")
+@click.option("--cache-dir", type=click.Path(file_okay=False),
+              help="Keep data blocks on disk here too, across remounts (the disk layer).")
+@click.option("--cache-size", type=SIZE, default=DEFAULTS.disk_max_bytes, show_default=True,
+              help="Hard size limit of the disk layer.")
+@click.option("--cache-free-floor", type=SIZE, default=DEFAULTS.disk_free_floor,
+              show_default=True, help="Free space the disk layer always leaves.")
+@click.option("--no-disk-cache", is_flag=True, help="Ignore --cache-dir (no disk layer).")
 @click.option("--no-coalescing", is_flag=True,
               help="Every caller makes its own backend call (naive behaviour).")
 @click.option("--kernel-ttl", type=DURATION, default=DEFAULTS.kernel_ttl, show_default=True,
@@ -103,7 +111,8 @@ def cli() -> None:
               help="Most FUSE requests served concurrently.")
 def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other: bool,
           log_file: str | None, cold: bool, no_kernel_cache: bool, no_metadata_cache: bool,
-          no_listing_cache: bool, no_data_cache: bool, no_coalescing: bool, kernel_ttl: float,
+          no_listing_cache: bool, no_data_cache: bool, cache_dir: str | None, cache_size: int,
+          cache_free_floor: int, no_disk_cache: bool, no_coalescing: bool, kernel_ttl: float,
           immutable_ttl: float, negative_ttl: float, metadata_ttl: float,
           metadata_max_entries: int, listing_ttl: float, listing_max_entries: int,
           data_cache_size: int, block_size: int, attr_window: float, prefetch_max: int,
@@ -122,7 +131,9 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
         metadata_max_entries=metadata_max_entries, listing_ttl=listing_ttl,
         listing_max_entries=listing_max_entries, data_max_bytes=data_cache_size,
         block_size=block_size, attr_window=attr_window,
-        prefetch_max_bytes=prefetch_max, verify=not no_verify, backend_timeout=timeout).check()
+        prefetch_max_bytes=prefetch_max, verify=not no_verify, backend_timeout=timeout,
+        disk_dir="" if (cold or no_disk_cache or not cache_dir) else os.path.abspath(cache_dir),
+        disk_max_bytes=cache_size, disk_free_floor=cache_free_floor).check()
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
                                  log_file, max_tasks, xattrs, read_ahead_kb, max_background))
 

@@ -37,7 +37,8 @@ class MountConfig:
     """Which cache layers are on, their bounds, and the backend call timeout.
 
     Layers: kernel (entry/attr/negative timeouts, page cache across opens), metadata (stat
-    results), listing (whole directory listings), data (blocks in memory), plus coalescing of
+    results), listing (whole directory listings), data (blocks in memory), disk (blocks on
+    disk, across remounts; only with ``disk_dir``), plus coalescing of
     concurrent identical backend calls. ``attr_window`` is not a cache layer: attributes a
     listing or stat just returned answer the kernel's follow-up lookup/getattr for that long, so
     one ``ls -l`` costs one listing even with every layer off (0 reproduces per-entry stats).
@@ -64,6 +65,15 @@ class MountConfig:
     verify: bool = True
     #: No backend call may take longer: past it the FUSE request fails with EIO, never hangs.
     backend_timeout: float = 120.0
+    #: The on-disk block cache (off unless a directory is given), its size limit, and the
+    #: free space it always leaves on its file system.
+    disk_dir: str = ""
+    disk_max_bytes: int = 10 << 30
+    disk_free_floor: int = 1 << 30
+
+    @property
+    def disk(self) -> bool:
+        return bool(self.disk_dir)
 
     def as_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -78,7 +88,8 @@ class MountConfig:
             raise InvalidInput("timeout must be positive")
         if not 4096 <= self.block_size <= 64 << 20 or self.block_size & (self.block_size - 1):
             raise InvalidInput("block-size must be a power of two between 4K and 64M")
-        for name in ("metadata_max_entries", "listing_max_entries", "data_max_bytes"):
+        for name in ("metadata_max_entries", "listing_max_entries", "data_max_bytes",
+                     "disk_max_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidInput(f"{name.replace('_', '-')} must be positive")
         return self

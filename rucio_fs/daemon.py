@@ -26,6 +26,7 @@ from . import __version__, control, kernel_tuning
 from .backend import Backend, Capability
 from .catalog import LAYERS, Catalog
 from .config import MountConfig
+from .disk_cache import DiskCache
 from .errors import InvalidInput, NotADirectory, RucioFsError, Unavailable
 from .fs import RucioFs
 from .mounts import find_mount, require_rucio_fs, runtime_dir, socket_path
@@ -176,7 +177,15 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
         raise NotADirectory(f"{req.url}: the catalog root is not a directory")
 
     stats = Stats()
-    catalog = Catalog(backend, req.cache, stats)
+    disk = None
+    if req.cache.disk:
+        disk = DiskCache(req.cache.disk_dir, req.cache.disk_max_bytes, req.url, stats,
+                         req.cache.disk_free_floor, req.cache.block_size)
+        try:
+            await trio.to_thread.run_sync(disk.load)
+        except OSError as exc:
+            raise InvalidInput(f"cache directory {req.cache.disk_dir}: {exc.strerror}") from None
+    catalog = Catalog(backend, req.cache, stats, disk)
     ops = RucioFs(catalog, root, req.cache, stats, xattrs=req.xattrs)
     options = set(pyfuse3.default_options)
     options.discard("default_permissions")
@@ -252,7 +261,10 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
         "inodes": lambda: {"known": len(ops.inodes)},
         "sizes": lambda: {"metadata_entries": len(ops.catalog.metadata),
                           "listing_entries": ops.catalog.listing.currsize,
-                          "data_bytes": ops.catalog.data.currsize},
+                          "data_bytes": ops.catalog.data.currsize,
+                          **({"disk_bytes": ops.catalog.disk.currsize,
+                              "disk_blocks": len(ops.catalog.disk)}
+                             if ops.catalog.disk is not None else {})},
     }
 
     async def handle(message: dict[str, Any]) -> Any:

@@ -316,7 +316,7 @@ class RucioFs(pyfuse3.Operations):
                 await handle.verifier.feed(off, data)
             except IntegrityError:
                 # Neither our blocks nor the kernel's pages of this file may be served again.
-                self.catalog.discard_data(handle.inode.path)
+                self.catalog.discard_data(handle.inode.path, handle.entry)
                 handle.inode.cached_version = INVALID
                 raise
         return data
