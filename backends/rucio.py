@@ -56,6 +56,7 @@ MAX_DIDS_PER_REQUEST = 1000
 REPLICA_TTL = 600.0
 
 _ESCAPES = {"%": "%25", "/": "%2F", ":": "%3A"}
+_ESCAPE_TABLE = str.maketrans(_ESCAPES)
 _UNESCAPES = {v: k for k, v in _ESCAPES.items()}
 _BAD_ESCAPE = re.compile(r"%(?!25|2F|3A)")
 
@@ -73,7 +74,9 @@ class Did(NamedTuple):
 
 def component_for(did: Did, parent_scope: str) -> str:
     """The path component naming ``did`` inside a directory of ``parent_scope``."""
-    name = "".join(_ESCAPES.get(c, c) for c in did.name)
+    name = did.name
+    if "%" in name or "/" in name or ":" in name:
+        name = name.translate(_ESCAPE_TABLE)
     return name if did.scope == parent_scope else f"{did.scope}:{name}"
 
 

@@ -118,9 +118,11 @@ class RucioAuth:
         except httpx.TransportError as exc:
             raise Unavailable(f"Rucio auth server {s.auth_host}: {type(exc).__name__}") from None
         token = response.headers.get("X-Rucio-Auth-Token", "")
-        if response.status_code in (401, 403) or (response.status_code == 200 and not token):
+        status = response.status_code
+        if 400 <= status < 500 or (status == 200 and not token):
+            # nginx answers 400 to a client certificate it cannot verify.
             raise PermissionDenied(f"Rucio refused {s.auth_type} authentication of account "
-                                   f"{s.account!r}: {describe(response) or response.status_code}")
+                                   f"{s.account!r}: {describe(response) or f'HTTP {status}'}")
         if response.status_code != 200:
             raise Unavailable(f"Rucio auth {endpoint}: HTTP {response.status_code} "
                               f"{describe(response)}".strip())

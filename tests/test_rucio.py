@@ -294,3 +294,45 @@ def test_wrong_password_is_refused(rucio_server, tmp_path):
     assert result.returncode == 1
     assert "Rucio refused userpass authentication of account 'root'" in result.stderr
     assert "wrong" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def _x509_config(server, tmp_path, auth_type: str, **client: str) -> Path:
+    """A rucio.cfg for an X.509 login through the server's TLS auth port."""
+    lines = [f"auth_type = {auth_type}", f"auth_host = {server.env['AUTH_TLS_URL']}",
+             *(f"{key} = {value}" for key, value in client.items())]
+    text = Path(server.env["RUCIO_CONFIG"]).read_text()
+    text = "\n".join(line for line in text.splitlines()
+                     if not line.startswith(("auth_type", "auth_host", "username", "password")))
+    cfg = tmp_path / f"{auth_type}.cfg"
+    cfg.write_text(text.replace("[client]", "[client]\n" + "\n".join(lines)))
+    return cfg
+
+
+@pytest.mark.parametrize("auth_type", ["x509", "x509_proxy"])
+def test_x509_login(mount_fs, rucio_server, tmp_path, auth_type, monkeypatch):
+    env = rucio_server.env
+    if auth_type == "x509":
+        cfg = _x509_config(rucio_server, tmp_path, "x509", client_cert=env["USER_CERT"],
+                           client_key=env["USER_KEY"])
+    else:
+        cfg = _x509_config(rucio_server, tmp_path, "x509_proxy")
+        monkeypatch.setenv("X509_USER_PROXY", env["USER_PROXY"])  # the mount daemon's env
+    m = mount_fs(f"rucio:///bench?config={cfg}")
+    assert len(os.listdir(m.path / "ds500")) == 500
+    assert m.stats()["backend_counters"]["token_fetches"] == 1
+    assert rucio_server.access_log_lines(f"GET /auth/{auth_type} ") >= 1
+
+
+def test_x509_login_with_an_untrusted_certificate_is_refused(rucio_server, tmp_path):
+    key, cert = tmp_path / "stranger.key", tmp_path / "stranger.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                    str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=stranger"],
+                   check=True, capture_output=True)
+    cfg = _x509_config(rucio_server, tmp_path, "x509", client_cert=str(cert),
+                       client_key=str(key))
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    result = run_cli("mount", f"rucio:///bench?config={cfg}", str(mnt))
+    assert result.returncode == 1
+    assert "Rucio refused x509 authentication of account 'root'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -7,7 +7,8 @@
 #   rucio.sh stop DIR              stop every process it started, by PID
 #   rucio.sh stop-storage DIR      stop only the storage (nginx); start-storage DIR starts it again
 #
-# Ports come from RUCIO_PORT, DAV_HTTP, DAV_HTTPS, MC_PORT. The server's virtualenv is cached in
+# Ports come from RUCIO_PORT, DAV_HTTP, DAV_HTTPS, MC_PORT, AUTH_TLS (the REST API over https
+# with X.509 client certificates, for the x509 logins). The server's virtualenv is cached in
 # RUCIO_FS_SERVER_CACHE (default ~/.cache/rucio-fs) because pip install takes over a minute.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -16,7 +17,7 @@ cmd=${1:?usage: rucio.sh start|stop|stop-storage|start-storage DIR [--bench]}
 BASE=$(mkdir -p "${2:?usage: rucio.sh $cmd DIR}" && cd "$2" && pwd)
 RUCIO_VERSION=41.5.1
 RUCIO_PORT=${RUCIO_PORT:-18080}; DAV_HTTP=${DAV_HTTP:-18081}; DAV_HTTPS=${DAV_HTTPS:-18443}
-MC_PORT=${MC_PORT:-21211}
+MC_PORT=${MC_PORT:-21211}; AUTH_TLS=${AUTH_TLS:-18444}
 VENV=${RUCIO_FS_SERVER_CACHE:-$HOME/.cache/rucio-fs}/rucio-$RUCIO_VERSION
 
 log() { printf 'rucio.sh: %s\n' "$*" >&2; }
@@ -128,12 +129,21 @@ memcached -u root -l 127.0.0.1 -p "$MC_PORT" -m 128 -d -P "$BASE/memcached.pid"
 # --timeout above the longest listing: a killed sync worker truncates a 200 response mid-stream.
 "$VENV/bin/gunicorn" -D -b "127.0.0.1:$RUCIO_PORT" -w 2 --timeout 600 --pid "$BASE/gunicorn.pid" \
   --error-logfile "$BASE/logs/gunicorn.log" --access-logfile "$BASE/logs/access.log" \
-  rucio.web.rest.flaskapi.v1.main:application
+  --pythonpath "$here" rucio_wsgi:application
 
 openssl req -x509 -newkey rsa:2048 -nodes -keyout "$BASE/tls.key" -out "$BASE/tls.crt" -days 7 \
   -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1,DNS:localhost 2>/dev/null
 # Rucio's webdav protocol insists on an X.509 "proxy" file even though nginx asks for none.
 cat "$BASE/tls.crt" "$BASE/tls.key" >"$BASE/x509up.pem"
+# A user CA and a user certificate for the x509 logins (the proxy file is cert + key).
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$BASE/userca.key" -out "$BASE/userca.crt" \
+  -days 7 -subj /CN=rucio-fs-test-ca 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -keyout "$BASE/usercert.key" -out "$BASE/usercert.csr" \
+  -subj /CN=rucio-fs-test-user 2>/dev/null
+openssl x509 -req -in "$BASE/usercert.csr" -CA "$BASE/userca.crt" -CAkey "$BASE/userca.key" \
+  -CAcreateserial -out "$BASE/usercert.pem" -days 7 2>/dev/null
+cat "$BASE/usercert.pem" "$BASE/usercert.key" >"$BASE/userproxy.pem"
+chmod 600 "$BASE"/*.key "$BASE/userproxy.pem"
 cat >"$BASE/nginx.conf" <<CFG
 load_module /usr/lib/nginx/modules/ngx_http_dav_ext_module.so;
 user root; worker_processes 2; pid $BASE/nginx.pid; error_log $BASE/logs/nginx-error.log warn;
@@ -148,6 +158,13 @@ http {
     root $BASE/webdav; client_max_body_size 0;
     location / { dav_methods PUT DELETE MKCOL COPY MOVE; dav_ext_methods PROPFIND OPTIONS;
                  create_full_put_path on; autoindex on; }
+  }
+  server {  # the REST API over https; the client certificate's subject goes to Rucio
+    listen 127.0.0.1:$AUTH_TLS ssl;
+    ssl_certificate $BASE/tls.crt; ssl_certificate_key $BASE/tls.key;
+    ssl_client_certificate $BASE/userca.crt; ssl_verify_client optional;
+    location / { proxy_pass http://127.0.0.1:$RUCIO_PORT;
+                 proxy_set_header X-SSL-Client-S-DN \$ssl_client_s_dn_legacy; }
   }
 }
 CFG
@@ -167,6 +184,11 @@ DAV_HTTP=$DAV_HTTP
 DAV_HTTPS=$DAV_HTTPS
 CA_CERT=$BASE/tls.crt
 ACCESS_LOG=$BASE/logs/access.log
+AUTH_TLS_URL=https://127.0.0.1:$AUTH_TLS
+USER_CERT=$BASE/usercert.pem
+USER_KEY=$BASE/usercert.key
+USER_PROXY=$BASE/userproxy.pem
+USER_DN=/CN=rucio-fs-test-user
 ENV
 # A fresh catalog needs fresh storage (rucio upload skips a file it finds already there); the
 # 4.2 GB file is kept, it is the same bytes every time.

@@ -135,6 +135,7 @@ def main() -> None:
                                      "domains": domains})
     for rse in ("DAV", "DEAD"):
         client.set_local_account_limit("root", rse, -1)
+    client.add_identity("root", "/CN=rucio-fs-test-user", "X509", "user@localhost")
     client.add_scope("root", "bench")
     client.add_scope("root", "other")
     lap("rse and scopes")
