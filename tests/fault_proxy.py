@@ -5,7 +5,8 @@ a fault is armed for a path, spoils the answer the way real networks and servers
 
 * ``drop``:    send the headers and half the body, then close the connection;
 * ``stall``:   send the headers and half the body, then hang;
-* ``corrupt``: send the whole body with one byte flipped.
+* ``corrupt``: send the whole body with one byte flipped;
+* ``error``:   answer 500 with Rucio's error headers instead of forwarding.
 
 ``drop`` also models a short body: the Content-Length promised more than arrives.
 """
@@ -59,13 +60,18 @@ class FaultProxy:
 
     def inject(self, kind: str, match: str = "", times: int = -1) -> None:
         """Spoil the next ``times`` answers (all with -1) whose path contains ``match``."""
-        assert kind in ("drop", "stall", "corrupt")
+        assert kind in ("drop", "stall", "corrupt", "error")
         with self.lock:
             self.faults.append([kind, match, times])
 
     def clear(self) -> None:
         with self.lock:
             self.faults.clear()
+
+    def _peek_fault(self, path: str) -> str | None:
+        with self.lock:
+            return next((kind for kind, match, left in self.faults
+                         if match in path and left != 0), None)
 
     def _take_fault(self, path: str) -> str | None:
         with self.lock:
@@ -80,6 +86,16 @@ class FaultProxy:
     def forward(self, handler: BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
+        if self._peek_fault(handler.path) == "error":
+            self._take_fault(handler.path)
+            message = b'{"ExceptionClass": "DatabaseException", "ExceptionMessage": "injected"}'
+            handler.send_response(500)
+            handler.send_header("ExceptionClass", "DatabaseException")
+            handler.send_header("ExceptionMessage", "injected")
+            handler.send_header("Content-Length", str(len(message)))
+            handler.end_headers()
+            handler.wfile.write(message)
+            return
         headers = {k: v for k, v in handler.headers.items() if k.lower() not in HOP_BY_HOP}
         upstream = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:
@@ -90,6 +106,7 @@ class FaultProxy:
         finally:
             upstream.close()
         fault = self._take_fault(handler.path) if data else None
+        assert fault != "error"
         if fault == "corrupt":
             middle = len(data) // 2
             data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]

@@ -94,3 +94,16 @@ def test_a_truncated_listing_is_an_error_never_a_shorter_listing(mount_fs, rucio
         assert "content of bench:ds5000: stream broken" in m.log_text()
         proxy.clear()
         assert len(os.listdir(m.path / "ds5000")) == 5000
+
+
+def test_server_errors_are_retried_then_eio(mount_fs, rucio_server):
+    with fault_proxy(rucio_server.env["RUCIO_HOST"]) as proxy:
+        m = mount_fs(f"rucio://127.0.0.1:{proxy.port}/bench?api=http")
+        proxy.inject("error", match="/dids/bench/ds1000/dids", times=2)
+        assert len(os.listdir(m.path / "ds1000")) == 1000  # two 500s, then an answer
+        assert m.stats()["backend_counters"]["api_retries"] >= 2
+        proxy.inject("error", match="/dids/bench/ds500/dids")
+        with pytest.raises(OSError) as exc:
+            os.listdir(m.path / "ds500")
+        assert exc.value.errno == errno.EIO
+        assert "content of bench:ds500: HTTP 500 after 4 attempts" in m.log_text()
