@@ -8,7 +8,8 @@ Tree::
     /big/frame-4509715660.gwf                              4,509,715,660 bytes, generated
     /faults/...                                            only with ?faults=1 (see FAULTS)
 
-URL options: ``latency=20ms`` sleeps that long in every request (a network round trip);
+URL options: ``latency=20ms`` sleeps that long in every request but open (a network round
+trip);
 ``faults=1`` adds ``/faults`` whose files fail in typed (and one untyped) ways. The backend
 counts its requests by kind (``counters()``) so tests can assert what an operation cost.
 """
@@ -108,9 +109,9 @@ class DemoBackend(Backend):
                 raise InvalidInput(f"unknown demo option {key!r} (known: latency, faults)")
         return cls(latency, faults)
 
-    async def _request(self, kind: str) -> None:
+    async def _request(self, kind: str, round_trip: bool = True) -> None:
         self.requests[kind] += 1
-        if self.latency:
+        if self.latency and round_trip:
             await trio.sleep(self.latency)
 
     # -- the tree ----------------------------------------------------------------------------
@@ -182,7 +183,9 @@ class DemoBackend(Backend):
         self._inject(path, "list")  # fails after some entries: a stream broken mid-way
 
     async def open(self, path: str, entry: Entry) -> str:
-        await self._request("open")
+        # Counted but local, like opening an S3 object or a Rucio file with lazy replicas:
+        # the first byte costs exactly the read's round trip.
+        await self._request("open", round_trip=False)
         self._inject(path, "open")
         return path
 
