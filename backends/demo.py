@@ -3,7 +3,7 @@
 Tree::
 
     /README.txt
-    /ls/files-{500,1000,5000,10000,50000}/file-NNNNNN.dat   4 KiB each, content = file number
+    /ls/files-{500,1000,3000,5000,6000,10000,50000}/file-NNNNNN.dat   4 KiB, content = number
     /datasets/O3{a,b}/{H1,L1,V1}/file-NNNNNN.dat           a container of datasets, 100 files each
     /big/frame-4509715660.gwf                              4,509,715,660 bytes, generated
     /faults/...                                            only with ?faults=1 (see FAULTS)
@@ -38,7 +38,7 @@ from .demo_content import (
 )
 
 MTIME_NS = 1_554_076_800 * 10**9  # 2019-04-01T00:00:00Z, the start of O3
-LS_SIZES = (500, 1000, 5000, 10000, 50000)
+LS_SIZES = (500, 1000, 3000, 5000, 6000, 10000, 50000)  # RucioFS + NFSRODS sizes
 DATASET_FILES = 100
 BIG_NAME = f"frame-{BIG_SIZE}.gwf"
 README = (b"rucio-fs demo catalog: a deterministic tree for trying and benchmarking rucio-fs.\n"

@@ -125,9 +125,10 @@ class ReplicaResolver:
         self._pending: dict[Did, _Slot] = {}
         self._busy: trio.Event | None = None
         self._cache: TTLCache[Did, list[Replica]] = TTLCache(100_000, REPLICA_TTL)
+        self.caching = True
 
     async def resolve(self, did: Did) -> list[Replica]:
-        cached = self._cache.get(did)
+        cached = self._cache.get(did) if self.caching else None
         if cached is not None:
             return cached
         slot = self._pending.setdefault(did, _Slot())
@@ -146,6 +147,9 @@ class ReplicaResolver:
     def forget(self, did: Did) -> None:
         self._cache.pop(did, None)
 
+    def clear(self) -> None:
+        self._cache.clear()
+
     async def _run_batch(self, first: Did) -> None:
         batch = {first: self._pending.pop(first)}
         while self._pending and len(batch) < MAX_DIDS_PER_REQUEST:
@@ -162,7 +166,8 @@ class ReplicaResolver:
                 slot = batch.get(did)
                 if slot is not None and not slot.done.is_set():
                     slot.replicas = self._order(line.get("pfns") or {})
-                    self._cache[did] = slot.replicas
+                    if self.caching:
+                        self._cache[did] = slot.replicas
                     slot.done.set()
         except RucioFsError as exc:
             failure: RucioFsError | None = exc
@@ -311,6 +316,12 @@ class RucioBackend(Backend):
             child = Did(str(info.get("scope") or parent_scope), str(info.get("name", "")))
             if child.name:
                 yield self._entry(component_for(child, parent_scope), info)
+
+    def use_caches(self, enabled: bool) -> None:
+        self.resolver.caching = enabled
+
+    def drop_caches(self) -> None:
+        self.resolver.clear()
 
     def lists_everything(self, path: str) -> bool:
         return len(self._components(path)) != 1  # a scope lists only its top-level DIDs

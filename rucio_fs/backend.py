@@ -124,6 +124,14 @@ class Backend(ABC):
         attrs.update({f"{self.scheme}.{k}": v.encode() for k, v in entry.metadata.items()})
         return attrs
 
+    def use_caches(self, enabled: bool) -> None:  # noqa: B027 - optional hook
+        """Whether the backend may keep its own metadata caches (e.g. resolved replica
+        locations). Called once before mounting with the metadata layer's switch."""
+
+    def drop_caches(self) -> None:  # noqa: B027 - optional hook
+        """Forget the backend's own metadata caches; called when the metadata layer is
+        dropped, so that "cold" means cold for every backend."""
+
     def lists_everything(self, path: str) -> bool:
         """Whether ``list(path)`` names every child of directory ``path`` (the default).
 

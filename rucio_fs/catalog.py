@@ -75,6 +75,7 @@ class Catalog:
         self.data: CacheLayer[bytes] = CacheLayer(
             "data", config.data, byte_cache(max(cached_bytes, config.block_size)), stats)
         self._flight = SingleFlight(config.coalescing, stats.coalesced)
+        backend.use_caches(config.metadata)
 
     async def _call(self, call: str, key: Hashable, fn: Callable[[], Awaitable[T]]) -> T:
         """One (possibly shared) backend call, counted and timed under ``call``."""
@@ -273,5 +274,7 @@ class Catalog:
         for layer in layers:
             if layer in ("metadata", "listing", "data"):
                 getattr(self, layer).drop()
+                if layer == "metadata":
+                    self.backend.drop_caches()
             elif layer == "disk" and self.disk is not None:
                 self.disk.drop()

@@ -336,3 +336,13 @@ def test_x509_login_with_an_untrusted_certificate_is_refused(rucio_server, tmp_p
     assert result.returncode == 1
     assert "Rucio refused x509 authentication of account 'root'" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cache_drop_forgets_resolved_replicas_too(mount_fs, rucio_server):
+    m = mount_fs("rucio:///bench/ds500")
+    f = rucio_server.catalog["ds500"][20]
+    (m.path / f["name"]).read_bytes()
+    assert m.stats()["backend_counters"]["replica_requests"] == 1
+    run_cli("cache", "drop", str(m.path), check=True)
+    assert adler32((m.path / f["name"]).read_bytes()) == f["adler32"]
+    assert m.stats()["backend_counters"]["replica_requests"] == 2  # cold means cold
