@@ -27,6 +27,9 @@ T = TypeVar("T")
 
 LAYERS = ("kernel", "metadata", "listing", "data", "disk")
 
+#: Blocks waiting to be written to the disk layer.
+DISK_QUEUE_BLOCKS = 32
+
 #: Cached in the metadata layer for a path that does not exist (a negative entry).
 _MISSING = Entry(name="", kind=Kind.FILE)
 
@@ -76,6 +79,10 @@ class Catalog:
             "data", config.data, byte_cache(max(cached_bytes, config.block_size)), stats)
         self._flight = SingleFlight(config.coalescing, stats.coalesced)
         backend.use_caches(config.metadata)
+        # Blocks go to the disk layer in the background, several written at once; reads wait
+        # only when the disk falls a whole queue behind the network.
+        self._disk_send, self._disk_recv = trio.open_memory_channel[tuple[Hashable, Any]](
+            DISK_QUEUE_BLOCKS)
 
     async def _call(self, call: str, key: Hashable, fn: Callable[[], Awaitable[T]]) -> T:
         """One (possibly shared) backend call, counted and timed under ``call``."""
@@ -195,18 +202,37 @@ class Catalog:
                      index: int) -> bytes:
         key = (path, version, index)
         block = self.data.get(key)
-        if block is None and self.disk is not None:
-            block = await self.disk.get(key)
-            if block is not None:
-                self.data.put(key, block)
+        if block is None and self.disk is not None and self.disk.has(key):
+            block = await self.load_from_disk(path, version, entry, handle, index)
         if block is None:
             block = await self._load_block(path, version, entry, handle, index)
         return block
 
-    def block_wanted(self, path: str, version: str, index: int) -> bool:
-        """Whether block ``index`` is neither cached nor being fetched."""
-        return (not self._cached(path, version, index)
-                and not self._flight.in_flight(("read", (path, version, index))))
+    async def load_from_disk(self, path: str, version: str, entry: Entry, handle: Any,
+                             index: int) -> bytes:
+        """Block ``index`` from the disk layer into the data layer (a shared flight); from
+        the backend when the disk copy turns out to be gone or damaged."""
+        key = (path, version, index)
+
+        async def load() -> bytes:
+            block = await self.disk.get(key)  # type: ignore[union-attr]
+            if block is None:
+                return await self._load_block(path, version, entry, handle, index)
+            self.data.put(key, block)
+            return block
+
+        return await self._flight.run(("disk", key), load)
+
+    def block_state(self, path: str, version: str, index: int) -> str:
+        """``"memory"``, ``"coming"`` (being fetched or loaded), ``"disk"`` or ``"missing"``."""
+        key = (path, version, index)
+        if self.data.peek(key) is not None:
+            return "memory"
+        if self._flight.in_flight(("read", key)) or self._flight.in_flight(("disk", key)):
+            return "coming"
+        if self.disk is not None and self.disk.has(key):
+            return "disk"
+        return "missing"
 
     async def prefetch_blocks(self, path: str, version: str, entry: Entry, handle: Any,
                               first: int, count: int) -> None:
@@ -231,8 +257,7 @@ class Catalog:
             blocks = [view[k * block_size:(k + 1) * block_size] for k in range(count)]
             for key, block in zip(keys, blocks, strict=True):
                 self.data.put(key, block)
-                if self.disk is not None:
-                    await self.disk.put(key, block)
+                await self._to_disk(key, block)
             return blocks
 
         await self._flight.run_group([("read", key) for key in keys], fetch)
@@ -245,9 +270,26 @@ class Catalog:
         length = min(self.config.block_size, entry.size - start)
         block = await self._fetch(handle, key, start, length)
         self.data.put(key, block)
-        if self.disk is not None:
-            await self.disk.put(key, block)
+        await self._to_disk(key, block)
         return block
+
+    async def _to_disk(self, key: Hashable, block: Any) -> None:
+        if self.disk is not None:
+            await self._disk_send.send((key, block))
+
+    async def run_disk_writer(self) -> None:
+        """Write queued blocks to the disk layer (a task of the daemon's nursery)."""
+        async for key, block in self._disk_recv:
+            await self.disk.put(key, block)  # type: ignore[union-attr]
+
+    async def flush_disk_writes(self) -> None:
+        """Write what is still queued (at unmount: nothing fetched is lost to the layer)."""
+        while self.disk is not None:
+            try:
+                key, block = self._disk_recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            await self.disk.put(key, block)
 
     async def _fetch(self, handle: Any, key: Hashable, offset: int, size: int) -> bytes:
         async def fetch() -> bytes:

@@ -34,6 +34,9 @@ from .registry import open_backend
 from .stats import Stats
 from .tracing import RequestRecorder
 
+#: Tasks writing blocks to the disk layer in parallel.
+DISK_WRITERS = 4
+
 #: glibc mallopt() parameter (malloc.h).
 M_ARENA_MAX = -8
 
@@ -217,12 +220,16 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             nursery.start_soon(_finish_mount, req, minor, stats, state)
             ops.nursery = nursery
+            if disk is not None:
+                for _ in range(DISK_WRITERS):
+                    nursery.start_soon(catalog.run_disk_writer)
             await pyfuse3.main(min_tasks=4, max_tasks=req.max_tasks)
             # main() returns when the kernel ended the session (fusermount -u): already gone.
             unmount = False
             nursery.cancel_scope.cancel()
     finally:
         pyfuse3.close(unmount=unmount)
+        await catalog.flush_disk_writes()
         await backend.aclose()
         log.info("unmounted %s", req.mountpoint)
 

@@ -58,7 +58,8 @@ class Prefetcher:
             return  # wait until a whole request's worth of blocks is due
         run: list[int] = []
         for index in range(first, end + 1):
-            if not self.catalog.block_wanted(self.path, self.version, index):
+            state = self.catalog.block_state(self.path, self.version, index)
+            if state in ("memory", "coming"):
                 self._start(run)
                 run = []
                 continue
@@ -68,6 +69,11 @@ class Prefetcher:
                 self.catalog.stats.events["prefetch_budget_full"] += 1
                 end = index - 1
                 break
+            if state == "disk":  # read ahead from the disk layer, a block at a time
+                self._start(run)
+                run = []
+                self._start([index], from_disk=True)
+                continue
             run.append(index)
             if len(run) == run_max:
                 self._start(run)
@@ -75,18 +81,22 @@ class Prefetcher:
         self._start(run)
         self._next = max(self._next, end + 1)
 
-    def _start(self, run: list[int]) -> None:
+    def _start(self, run: list[int], from_disk: bool = False) -> None:
         if not run:
             return
         self._in_flight += 1
         if self._idle.is_set():
             self._idle = trio.Event()
-        self.nursery.start_soon(self._fetch, run[0], len(run))
+        self.nursery.start_soon(self._fetch, run[0], len(run), from_disk)
 
-    async def _fetch(self, first: int, count: int) -> None:
+    async def _fetch(self, first: int, count: int, from_disk: bool) -> None:
         try:
-            await self.catalog.prefetch_blocks(self.path, self.version, self.entry, self.handle,
-                                               first, count)
+            if from_disk:
+                await self.catalog.load_from_disk(self.path, self.version, self.entry,
+                                                  self.handle, first)
+            else:
+                await self.catalog.prefetch_blocks(self.path, self.version, self.entry,
+                                                   self.handle, first, count)
         except RucioFsError as exc:  # the foreground read will fetch (and report) it
             log.debug("prefetch of %s blocks %d+%d failed: %s", self.path, first, count, exc)
         finally:
