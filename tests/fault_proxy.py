@@ -6,13 +6,15 @@ a fault is armed for a path, spoils the answer the way real networks and servers
 * ``drop``:    send the headers and half the body, then close the connection;
 * ``stall``:   send the headers and half the body, then hang;
 * ``corrupt``: send the whole body with one byte flipped;
-* ``error``:   answer 500 with Rucio's error headers instead of forwarding.
+* ``error``:   answer 500 with Rucio's error headers instead of forwarding;
+* ``short-token``: say a Rucio token expires in 4 s (``X-Rucio-Auth-Token-Expires``).
 
 ``drop`` also models a short body: the Content-Length promised more than arrives.
 """
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import threading
 import time
@@ -60,7 +62,7 @@ class FaultProxy:
 
     def inject(self, kind: str, match: str = "", times: int = -1) -> None:
         """Spoil the next ``times`` answers (all with -1) whose path contains ``match``."""
-        assert kind in ("drop", "stall", "corrupt", "error")
+        assert kind in ("drop", "stall", "corrupt", "error", "short-token")
         with self.lock:
             self.faults.append([kind, match, times])
 
@@ -105,11 +107,15 @@ class FaultProxy:
             status, reply_headers = response.status, response.getheaders()
         finally:
             upstream.close()
-        fault = self._take_fault(handler.path) if data else None
+        fault = self._take_fault(handler.path) if data or status == 200 else None
         assert fault != "error"
         if fault == "corrupt":
             middle = len(data) // 2
             data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
+        if fault == "short-token":
+            expires = email.utils.formatdate(time.time() + 4, usegmt=True)
+            reply_headers = [(k, expires if k.lower() == "x-rucio-auth-token-expires" else v)
+                             for k, v in reply_headers]
         handler.send_response(status)
         for key, value in reply_headers:
             if key.lower() not in HOP_BY_HOP:

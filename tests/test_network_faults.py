@@ -107,3 +107,16 @@ def test_server_errors_are_retried_then_eio(mount_fs, rucio_server):
             os.listdir(m.path / "ds500")
         assert exc.value.errno == errno.EIO
         assert "content of bench:ds500: HTTP 500 after 4 attempts" in m.log_text()
+
+
+def test_a_token_is_renewed_before_it_expires(mount_fs, rucio_server):
+    with fault_proxy(rucio_server.env["RUCIO_HOST"]) as proxy:
+        proxy.inject("short-token", match="/auth/userpass", times=1)
+        m = mount_fs(f"rucio://127.0.0.1:{proxy.port}/bench?api=http")
+        assert len(os.listdir(m.path / "ds500")) == 500
+        assert m.stats()["backend_counters"]["token_fetches"] == 1
+        refused = rucio_server.access_log_lines('" 401 ')
+        time.sleep(2.5)  # past half of the token's 4 s: renewed before use, not after a 401
+        assert len(os.listdir(m.path / "ds1000")) == 1000
+        assert m.stats()["backend_counters"]["token_fetches"] == 2
+        assert rucio_server.access_log_lines('" 401 ') == refused
