@@ -245,9 +245,6 @@ class RucioBackend(Backend):
 
     async def start(self) -> None:
         await self.auth.headers()  # a bad password fails the mount, not the first ls
-        if len(self.settings.root) >= 2 and not (await self.stat("/")).is_dir:
-            raise InvalidInput(f"{self._did(list(self.settings.root))} is a file, "
-                               "not a collection: mount its dataset or container")
 
     async def aclose(self) -> None:
         await self.api.aclose()
@@ -296,7 +293,11 @@ class RucioBackend(Backend):
                          metadata={"type": "SCOPE"})
         did = self._did(components)
         info = await self.api.json("GET", did.url(), what=f"stat of {did}")
-        return self._entry(components[-1], info)
+        entry = self._entry(components[-1], info)
+        if path == "/" and not entry.is_dir:  # the mount's root: checked as it mounts
+            raise InvalidInput(f"{did} is a file, not a collection: mount its dataset or "
+                               "container")
+        return entry
 
     async def list(self, path: str) -> AsyncIterator[Entry]:
         components = self._components(path)

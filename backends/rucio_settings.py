@@ -63,14 +63,15 @@ def find_config(explicit: str | None) -> str | None:
         if not os.path.isfile(explicit):
             raise InvalidInput(f"rucio config {explicit!r} does not exist")
         return explicit
-    candidates = [os.environ.get("RUCIO_CONFIG", "")]
-    for var in ("RUCIO_HOME", "VIRTUAL_ENV"):
-        if os.environ.get(var):
-            candidates.append(os.path.join(os.environ[var], "etc", "rucio.cfg"))
+    named = os.environ.get("RUCIO_CONFIG")
+    if named:
+        if not os.path.isfile(named):
+            raise InvalidInput(f"RUCIO_CONFIG={named!r} does not exist")
+        return named
+    candidates = [os.path.join(os.environ[var], "etc", "rucio.cfg")
+                  for var in ("RUCIO_HOME", "VIRTUAL_ENV") if os.environ.get(var)]
     candidates.append("/opt/rucio/etc/rucio.cfg")
-    if os.environ.get("RUCIO_CONFIG") and not os.path.isfile(os.environ["RUCIO_CONFIG"]):
-        raise InvalidInput(f"RUCIO_CONFIG={os.environ['RUCIO_CONFIG']!r} does not exist")
-    return next((c for c in candidates if c and os.path.isfile(c)), None)
+    return next((c for c in candidates if os.path.isfile(c)), None)
 
 
 def _read_client_section(path: str | None) -> dict[str, str]:

@@ -16,43 +16,21 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-RUCIO_FS = [sys.executable, "-m", "rucio_fs"]
+from common import Mount, timed
 
 
-def timed(cmd: list[str], repeat: int) -> list[float]:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, check=True)
-        times.append(time.perf_counter() - start)
-    return times
+def repeated(cmd: list[str], repeat: int) -> list[float]:
+    return [timed(cmd) for _ in range(repeat)]
 
 
 def summary(times: list[float]) -> dict[str, float]:
     return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
             "n": len(times)}
-
-
-class Mounted:
-    def __init__(self, root: Path, url: str, *options: str, env: dict | None = None) -> None:
-        self.path = root / f"mnt-{len(list(root.iterdir()))}"
-        self.path.mkdir()
-        subprocess.run([*RUCIO_FS, "mount", url, str(self.path), *options], check=True,
-                       env=env)
-
-    def stats(self) -> dict:
-        out = subprocess.run([*RUCIO_FS, "stats", str(self.path), "--format", "json"],
-                             check=True, capture_output=True, text=True).stdout
-        return json.loads(out)
-
-    def close(self) -> None:
-        subprocess.run([*RUCIO_FS, "unmount", str(self.path)], check=True)
 
 
 def materialise(root: Path, count: int) -> Path:
@@ -77,33 +55,32 @@ def main() -> int:
                      "repeat": args.repeat, "started": time.strftime("%Y-%m-%dT%H:%M:%S")}
     work = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-", dir="/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-", dir="/dev/shm"))
-    mounts: list[Mounted] = []
+    mounts: list[Mount] = []
     try:
         tmpfs50k, tmpfs10k = materialise(shm, 50_000), materialise(shm, 10_000)
-        warm = Mounted(work, "demo://")
+        warm = Mount(work, "demo://")
         mounts.append(warm)
         fuse50k, fuse10k = warm.path / "ls" / "files-50000", warm.path / "ls" / "files-10000"
         for path in (fuse50k, fuse10k, tmpfs50k, tmpfs10k):
-            timed(["ls", "-l", str(path)], 1)  # warm up: caches filled
+            repeated(["ls", "-l", str(path)], 1)  # warm up: caches filled
         r = results["warm_ls_l_50k"] = {
-            "mount": summary(timed(["ls", "-l", str(fuse50k)], args.repeat)),
-            "tmpfs": summary(timed(["ls", "-l", str(tmpfs50k)], args.repeat))}
+            "mount": summary(repeated(["ls", "-l", str(fuse50k)], args.repeat)),
+            "tmpfs": summary(repeated(["ls", "-l", str(tmpfs50k)], args.repeat))}
         r["ratio"] = r["mount"]["median_s"] / r["tmpfs"]["median_s"]
         for cmd in (["ls", "-l"], ["ls"]):
             key = "warm_" + "_".join(c.strip("-") for c in cmd) + "_10k"
-            r = results[key] = {"mount": summary(timed([*cmd, str(fuse10k)], args.repeat)),
-                                "tmpfs": summary(timed([*cmd, str(tmpfs10k)], args.repeat))}
+            r = results[key] = {"mount": summary(repeated([*cmd, str(fuse10k)], args.repeat)),
+                                "tmpfs": summary(repeated([*cmd, str(tmpfs10k)], args.repeat))}
             r["ratio"] = r["mount"]["median_s"] / r["tmpfs"]["median_s"]
 
-        slow = Mounted(work, "demo://?latency=20ms")
+        slow = Mount(work, "demo://?latency=20ms")
         mounts.append(slow)
         target = str(slow.path / "ls" / "files-10000")
         times, trips = [], {}
         for _ in range(args.repeat):
-            subprocess.run([*RUCIO_FS, "cache", "drop", str(slow.path)], check=True,
-                           stdout=subprocess.DEVNULL)
+            slow.drop(settle=0)
             before = slow.stats()["backend_counters"]
-            times += timed(["ls", "-l", target], 1)
+            times += repeated(["ls", "-l", target], 1)
             after = slow.stats()["backend_counters"]
             for k in after:
                 trips[k] = trips.get(k, 0) + (after[k] - before.get(k, 0)) / args.repeat
@@ -111,11 +88,11 @@ def main() -> int:
         r = results["cold_ls_l_10k_20ms"] = {**summary(times), "round_trips_per_ls": trips}
         r["beyond_round_trips_s"] = r["median_s"] - sum(trips.values()) * 0.020
 
-        off = Mounted(work, "demo://?latency=20ms", "--cold")
+        off = Mount(work, "demo://?latency=20ms", "--cold")
         mounts.append(off)
         runs = max(2, args.repeat // 5)
         before = off.stats()
-        times = timed(["ls", "-l", str(off.path / "ls" / "files-10000")], runs)
+        times = repeated(["ls", "-l", str(off.path / "ls" / "files-10000")], runs)
         after = off.stats()
         results["all_layers_off_ls_l_10k_20ms"] = {
             **summary(times),
@@ -125,21 +102,21 @@ def main() -> int:
                 d["latency"]["count"] - before["fuse"].get(op, {"latency": {"count": 0}})[
                     "latency"]["count"] for op, d in after["fuse"].items()) / runs}
 
-        nostats = Mounted(work, "demo://", env={**os.environ, "RUCIO_FS_STATS": "0"})
+        nostats = Mount(work, "demo://", env={**os.environ, "RUCIO_FS_STATS": "0"})
         mounts.append(nostats)
         pair = {"stats_on": warm.path / "ls" / "files-10000",
                 "stats_off": nostats.path / "ls" / "files-10000"}
-        timed(["ls", "-l", str(pair["stats_off"])], 1)
+        repeated(["ls", "-l", str(pair["stats_off"])], 1)
         samples: dict[str, list[float]] = {k: [] for k in pair}
         for _ in range(args.repeat):  # interleaved, so drift hits both alike
             for key, path in pair.items():
-                samples[key] += timed(["ls", "-l", str(path)], 1)
+                samples[key] += repeated(["ls", "-l", str(path)], 1)
         r = results["stats_overhead_warm_ls_l_10k"] = {k: summary(v) for k, v in samples.items()}
         r["overhead"] = r["stats_on"]["median_s"] / r["stats_off"]["median_s"] - 1
         results["config"] = warm.stats()["config"]
     finally:
         for m in mounts:
-            m.close()
+            m.unmount(check=True)
         shutil.rmtree(shm, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 

@@ -60,6 +60,17 @@ def run_threads(make_reader: Callable[[], Callable[[int, int], int]], total: int
     return time.perf_counter() - start
 
 
+def fill(resp, buf: bytearray, size: int) -> int:
+    """Read up to ``size`` bytes of a response into ``buf`` with ``readinto``."""
+    view, got = memoryview(buf)[:size], 0
+    while got < size:
+        n = resp.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
 def httpx_reader(url: str, ctx: ssl.SSLContext | bool):
     import httpx
 
@@ -86,12 +97,7 @@ def stdlib_reader(url: str, ctx: ssl.SSLContext | None):
         def read(off: int, size: int) -> int:
             conn.request("GET", parts.path, headers={"Range": f"bytes={off}-{off + size - 1}"})
             resp = conn.getresponse()
-            view, got = memoryview(buf)[:size], 0
-            while got < size:
-                n = resp.readinto(view[got:])
-                if not n:
-                    break
-                got += n
+            got = fill(resp, buf, size)
             resp.read()
             return got
         return read
@@ -109,12 +115,7 @@ def urllib3_reader(url: str, cacert: str | None):
         def read(off: int, size: int) -> int:
             resp = pool.request("GET", url, preload_content=False,
                                 headers={"Range": f"bytes={off}-{off + size - 1}"})
-            view, got = memoryview(buf)[:size], 0
-            while got < size:
-                n = resp.readinto(view[got:])
-                if not n:
-                    break
-                got += n
+            got = fill(resp, buf, size)
             resp.release_conn()
             return got
         return read

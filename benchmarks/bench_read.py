@@ -21,28 +21,11 @@ import time
 from pathlib import Path
 
 import trio
+from common import Mount, peak_rss_mb, read_whole
 from rucio_fs.backends.demo import DemoBackend
 from rucio_fs.backends.demo_content import BIG_SIZE
 
-RUCIO_FS = [sys.executable, "-m", "rucio_fs"]
 BIG = f"big/frame-{BIG_SIZE}.gwf"
-
-
-def mount(root: Path, url: str, *options: str) -> Path:
-    path = Path(tempfile.mkdtemp(dir=root))
-    subprocess.run([*RUCIO_FS, "mount", url, str(path), *options], check=True)
-    return path
-
-
-def stats(path: Path) -> dict:
-    out = subprocess.run([*RUCIO_FS, "stats", str(path), "--format", "json"], check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out)
-
-
-def peak_rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 1024
 
 
 def read_file(path: Path, limit: int = BIG_SIZE) -> float:
@@ -69,54 +52,51 @@ def main() -> int:
                         default=Path(__file__).parent / "results" / "read.json")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-read-"))
-    mounts: list[Path] = []
+    mounts: list[Mount] = []
     results: dict = {"kernel": os.uname().release, "cpus": os.cpu_count()}
     try:
         gb = BIG_SIZE / 1e9
         raw = raw_backend_read()
         results["raw_backend_GBps"] = gb / raw
         for label, options in (("verified", ()), ("unverified", ("--no-verify",))):
-            path = mount(root, "demo://", *options)
-            mounts.append(path)
-            pid = stats(path)["pid"]
-            elapsed = read_file(path / BIG)
+            m = Mount(root, "demo://", *options)
+            mounts.append(m)
+            pid = m.stats()["pid"]
+            elapsed = read_file(m.path / BIG)
             results[f"mount_{label}_GBps"] = gb / elapsed
             results[f"mount_{label}_peak_rss_mb"] = peak_rss_mb(pid)
         for label, options in (("readahead_on", ()), ("readahead_off", ("--prefetch-max", "0"))):
-            path = mount(root, "demo://?latency=5ms", "--no-verify", *options)
-            mounts.append(path)
-            results[f"latency5ms_{label}_MBps"] = 512 / read_file(path / BIG, 512 << 20) * 1.048576
+            m = Mount(root, "demo://?latency=5ms", "--no-verify", *options)
+            mounts.append(m)
+            results[f"latency5ms_{label}_MBps"] = (
+                512 / read_file(m.path / BIG, 512 << 20) * 1.048576)
         # Time to first byte: cat of a 4 KiB file whose data was never read (its directory
         # listed), at 20 ms per backend request: one ranged read, so 20 ms plus overhead.
-        path = mount(root, "demo://?latency=20ms")
-        mounts.append(path)
-        subprocess.run(["ls", "-l", str(path / "ls/files-500")], check=True,
+        m = Mount(root, "demo://?latency=20ms")
+        mounts.append(m)
+        subprocess.run(["ls", "-l", str(m.path / "ls/files-500")], check=True,
                        stdout=subprocess.DEVNULL)
-        cats = []
-        for n in range(1, 12):  # what cat does, timed without the cost of starting a process
-            start = time.perf_counter()
-            with open(path / f"ls/files-500/file-{n:06d}.dat", "rb") as f:
-                while f.read(131072):
-                    pass
-            cats.append(time.perf_counter() - start)
-        results["cat_4k_cold_20ms_ms"] = 1000 * sorted(cats)[len(cats) // 2]
-        results["cat_4k_cold_backend_reads"] = stats(path)["backend"]["read"]["latency"]["count"]
-        path = mount(root, "demo://", "--no-verify")
-        mounts.append(path)
-        before = stats(path)
-        fd = os.open(path / BIG, os.O_RDONLY)
+        # what cat does, timed without the cost of starting a process
+        cats = sorted(read_whole(m.path / f"ls/files-500/file-{n:06d}.dat")
+                      for n in range(1, 12))
+        results["cat_4k_cold_20ms_ms"] = 1000 * cats[len(cats) // 2]
+        results["cat_4k_cold_backend_reads"] = m.backend_calls("read")
+        m = Mount(root, "demo://", "--no-verify")
+        mounts.append(m)
+        before = m.stats()
+        fd = os.open(m.path / BIG, os.O_RDONLY)
         rng = random.Random(1)
         for _ in range(500):
             os.pread(fd, 4096, rng.randrange(0, BIG_SIZE - 4096))
         os.close(fd)
-        after = stats(path)
+        after = m.stats()
         asked = after["fuse"]["read"]["bytes"] - before["fuse"].get("read", {}).get("bytes", 0)
         fetched = (after["backend"]["read"]["bytes"]
                    - before["backend"].get("read", {}).get("bytes", 0))
         results["random_4k_fetched_per_asked"] = fetched / asked
     finally:
-        for path in mounts:
-            subprocess.run([*RUCIO_FS, "unmount", str(path)], check=False)
+        for m in mounts:
+            m.unmount()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     r = results

@@ -22,12 +22,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from common import Mount, peak_rss_mb, rclone_http_mount, read_whole, timed, tmpfs_twin
 
 REPO = Path(__file__).resolve().parent.parent
 SERVER = REPO / "scripts" / "servers" / "rucio.sh"
-RUCIO_FS = [sys.executable, "-m", "rucio_fs"]
 BIG = "frame-4509715660.gwf"
 BIG_SIZE = 4_509_715_660
 PROTOTYPE = {"cold_ls_l_10k_s": 1.30, "raw_listing_s": 0.82, "warm_ls_l_10k_s": 0.060,
@@ -35,32 +35,8 @@ PROTOTYPE = {"cold_ls_l_10k_s": 1.30, "raw_listing_s": 0.82, "warm_ls_l_10k_s": 
              "big_file": "214,748,364 bytes copied, exit 0"}
 
 
-def timed(cmd: list[str], **kwargs) -> float:
-    start = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, **kwargs)
-    return time.perf_counter() - start
-
-
 def median(values: list[float]) -> float:
     return statistics.median(values)
-
-
-class Mount:
-    def __init__(self, root: Path, url: str, *options: str) -> None:
-        self.path = Path(tempfile.mkdtemp(dir=root))
-        subprocess.run([*RUCIO_FS, "mount", url, str(self.path), *options], check=True)
-
-    def stats(self) -> dict:
-        out = subprocess.run([*RUCIO_FS, "stats", str(self.path), "--format", "json"],
-                             check=True, capture_output=True, text=True).stdout
-        return json.loads(out)
-
-    def drop(self) -> None:
-        subprocess.run([*RUCIO_FS, "cache", "drop", str(self.path)], check=True,
-                       stdout=subprocess.DEVNULL)
-
-    def unmount(self) -> None:
-        subprocess.run([*RUCIO_FS, "unmount", str(self.path)], check=False)
 
 
 def token(host: str) -> str:
@@ -76,30 +52,6 @@ def curl_time(args: list[str]) -> float:
     out = subprocess.run(["curl", "-sf", "-o", "/dev/null", "-w", "%{time_total}", *args],
                          check=True, capture_output=True, text=True).stdout
     return float(out)
-
-
-def read_whole(path: Path) -> float:
-    """Seconds to open and read a file the way cat does, without starting a process."""
-    start = time.perf_counter()
-    with open(path, "rb") as f:
-        while f.read(131072):
-            pass
-    return time.perf_counter() - start
-
-
-def tmpfs_twin(root: Path, names: list[str]) -> Path:
-    """The same names as 4 KiB files on tmpfs: the local baseline for ls."""
-    path = root / "tmpfs"
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(path)], check=True)
-    for name in names:
-        (path / name).write_bytes(b"\0" * 4096)
-    return path
-
-
-def peak_rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        return int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 1024
 
 
 def main() -> int:
@@ -134,17 +86,13 @@ def main() -> int:
         raw, cold = [], []
         for _ in range(args.repeat):  # interleaved, so both see the same server and machine
             raw.append(curl_time([*auth, f"{host}/dids/bench/ds10000/dids"]))
-            m.drop()
-            time.sleep(0.5)  # let the kernel's forgets of the dropped inodes settle
+            m.drop(settle=0.5)
             cold.append(timed(["ls", "-l", str(ds)]))
         warm_l = [timed(["ls", "-l", str(ds)]) for _ in range(5 * args.repeat)]
         warm = [timed(["ls", str(ds)]) for _ in range(5 * args.repeat)]
-        twin = tmpfs_twin(root, os.listdir(ds))
-        try:
+        with tmpfs_twin(root, os.listdir(ds)) as twin:
             local_l = [timed(["ls", "-l", str(twin)]) for _ in range(5 * args.repeat)]
             local = [timed(["ls", str(twin)]) for _ in range(5 * args.repeat)]
-        finally:
-            subprocess.run(["umount", str(twin)], check=False)
         results.update(raw_listing_s=median(raw), cold_ls_l_10k_s=median(cold),
                        warm_ls_l_10k_s=median(warm_l), warm_ls_10k_s=median(warm),
                        tmpfs_ls_l_10k_s=median(local_l), tmpfs_ls_10k_s=median(local),
@@ -158,7 +106,7 @@ def main() -> int:
         storage = [curl_time(["--cacert", env["CA_CERT"], "-r", "0-4095", https_url])
                    for _ in range(args.repeat)]
         for f in small[200:200 + args.repeat]:
-            m.drop()
+            m.drop(settle=0)
             cat_cold.append(read_whole(m.path / "ds1000" / f["name"]))
             cat_warm.append(median([read_whole(m.path / "ds1000" / f["name"])
                                     for _ in range(5)]))
@@ -173,7 +121,7 @@ def main() -> int:
             pid = big.stats()["pid"]
             copies = []
             for _ in range(2):
-                big.drop()
+                big.drop(settle=0)
                 copies.append(timed(["cat", str(big.path / BIG)]))
             results[f"big_{scheme}"] = {
                 "curl_MBps": BIG_SIZE / 1e6 / min(curl),
@@ -181,19 +129,9 @@ def main() -> int:
                 "peak_rss_mb": peak_rss_mb(pid),
                 "verified": big.stats()["events"].get("checksum_verified", 0)}
         if args.peer and shutil.which("rclone"):
-            peer = Path(tempfile.mkdtemp(dir=root))
-            proc = subprocess.Popen(["rclone", "mount", "--read-only", "--http-url",
-                                     f"http://127.0.0.1:{env['DAV_HTTP']}/", ":http:",
-                                     str(peer)], stderr=subprocess.DEVNULL)
-            try:
-                for _ in range(100):
-                    if (peer / big_rel).exists():
-                        break
-                    time.sleep(0.1)
+            with rclone_http_mount(root, f"http://127.0.0.1:{env['DAV_HTTP']}/",
+                                   str(big_rel)) as peer:
                 results["rclone_http_MBps"] = BIG_SIZE / 1e6 / timed(["cat", str(peer / big_rel)])
-            finally:
-                subprocess.run(["fusermount3", "-u", str(peer)], check=False)
-                proc.wait(timeout=30)
     finally:
         for m in mounts:
             m.unmount()

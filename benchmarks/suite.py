@@ -39,9 +39,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+from common import (
+    RUCIO_FS,
+    Mount,
+    drop_page_cache,
+    rclone_http_mount,
+    read_whole,
+    timed,
+    tmpfs_twin,
+)
 
 REPO = Path(__file__).resolve().parent.parent
-RUCIO_FS = [sys.executable, "-m", "rucio_fs"]
 SERVER = REPO / "scripts" / "servers" / "rucio.sh"
 EXPERIMENTS = ("ls", "users", "cat", "nfsrods", "local", "peers")
 NOT_RUN = {"geesefs": "GeeseFS small-file and 10 GB write tests need a writable backend "
@@ -83,43 +91,6 @@ def rucio_target(server: Path) -> Target:
 
 
 # -- plumbing ---------------------------------------------------------------------------------
-
-class Mount:
-    def __init__(self, root: Path, target: Target, *options: str) -> None:
-        self.path = Path(tempfile.mkdtemp(dir=root))
-        subprocess.run([*RUCIO_FS, "mount", target.url, str(self.path), *options], check=True)
-
-    def stats(self) -> dict:
-        out = subprocess.run([*RUCIO_FS, "stats", str(self.path), "--format", "json"],
-                             check=True, capture_output=True, text=True).stdout
-        return json.loads(out)
-
-    def drop(self) -> None:
-        subprocess.run([*RUCIO_FS, "cache", "drop", str(self.path)], check=True,
-                       stdout=subprocess.DEVNULL)
-        time.sleep(0.3)  # the kernel's forgets of the dropped inodes arrive meanwhile
-
-    def listings(self) -> int:
-        return self.stats()["backend"].get("list", {"latency": {"count": 0}})["latency"]["count"]
-
-    def unmount(self) -> None:
-        subprocess.run([*RUCIO_FS, "unmount", str(self.path)], check=False)
-
-
-def timed(cmd: list[str] | str, shell: bool = False) -> float:
-    start = time.perf_counter()
-    subprocess.run(cmd, shell=shell, check=True, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
-
-
-def read_whole(path: Path) -> float:
-    """Seconds to open and read a file the way cat does, without starting a process."""
-    start = time.perf_counter()
-    with open(path, "rb") as f:
-        while f.read(131072):
-            pass
-    return time.perf_counter() - start
-
 
 def spread(values: list[float]) -> tuple[float, float]:
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
@@ -183,32 +154,16 @@ def plot(path: Path, title: str, xlabel: str, ylabel: str,
     plt.close(fig)
 
 
-def drop_page_cache() -> None:
-    """Cold for every file system alike: the kernel's page cache of the machine dropped."""
-    subprocess.run(["sync"], check=True)
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def tmpfs_twin(root: Path, source: Path) -> Path:
-    twin = Path(tempfile.mkdtemp(dir=root))
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(twin)], check=True)
-    for name in os.listdir(source):
-        (twin / name).write_bytes(b"\0" * 4096)
-    return twin
-
-
 # -- experiments ------------------------------------------------------------------------------
 
 def exp_ls(root: Path, target: Target, res: Results, sizes: list[int], repeat: int) -> None:
-    m = Mount(root, target)
+    m = Mount(root, target.url)
     res.mount_config("ls", m)
     rows, lines = [], {}
     try:
         for n in progress(sizes, "ls scaling"):
             d = m.path / target.dirs[n]
-            twin = tmpfs_twin(root, d)
-            try:
+            with tmpfs_twin(root, os.listdir(d)) as twin:
                 for cmd in (["ls"], ["ls", "-l"]):
                     name = " ".join(cmd)
                     cold = []
@@ -225,8 +180,6 @@ def exp_ls(root: Path, target: Target, res: Results, sizes: list[int], repeat: i
                         lines.setdefault(f"{name} {mode}", ([], []))
                         lines[f"{name} {mode}"][0].append(n)
                         lines[f"{name} {mode}"][1].append(mean)
-            finally:
-                subprocess.run(["umount", str(twin)], check=False)
     finally:
         m.unmount()
     res.table("ls", rows)
@@ -248,7 +201,7 @@ def exp_users(root: Path, target: Target, res: Results, users: list[int]) -> Non
     n = 10_000 if 10_000 in target.dirs else max(target.dirs)
     rows, lines = [], {}
     for coalescing in (True, False):
-        m = Mount(root, target, *([] if coalescing else ["--no-coalescing"]))
+        m = Mount(root, target.url, *([] if coalescing else ["--no-coalescing"]))
         res.mount_config(f"users_coalescing_{coalescing}", m)
         d = str(m.path / target.dirs[n])
         try:
@@ -258,7 +211,7 @@ def exp_users(root: Path, target: Target, res: Results, users: list[int]) -> Non
                         m.drop()
                     else:
                         timed(["ls", d])
-                    before = m.listings()
+                    before = m.backend_calls("list")
                     start = time.perf_counter()
                     procs = [subprocess.Popen(["ls", d], stdout=subprocess.DEVNULL)
                              for _ in range(u)]
@@ -266,8 +219,9 @@ def exp_users(root: Path, target: Target, res: Results, users: list[int]) -> Non
                     elapsed = time.perf_counter() - start
                     if any(codes):
                         raise RuntimeError(f"ls failed with {u} users")
+                    listings = m.backend_calls("list") - before
                     rows.append({"users": u, "mode": mode, "coalescing": coalescing,
-                                 "seconds": elapsed, "backend_listings": m.listings() - before})
+                                 "seconds": elapsed, "backend_listings": listings})
                     key = f"{mode}, coalescing {'on' if coalescing else 'off'}"
                     lines.setdefault(key, ([], []))
                     lines[key][0].append(u)
@@ -290,7 +244,7 @@ def exp_users(root: Path, target: Target, res: Results, users: list[int]) -> Non
 
 
 def exp_cat(root: Path, target: Target, res: Results, files: int, big_bytes: int) -> None:
-    m = Mount(root, target)
+    m = Mount(root, target.url)
     res.mount_config("cat", m)
     rows = []
     try:
@@ -357,7 +311,7 @@ def exp_nfsrods(root: Path, target: Target, res: Results, repeat: int) -> None:
     sizes = [n for n in (500, 1000, 3000, 6000, 10_000) if n in target.dirs]
     rows = []
     for label, options in (("no cache", ("--cold",)), ("cached", ())):
-        m = Mount(root, target, *options)
+        m = Mount(root, target.url, *options)
         res.mount_config(f"nfsrods_{label}", m)
         try:
             for n in progress(sizes, f"NFSRODS table ({label})"):
@@ -389,7 +343,7 @@ def exp_nfsrods(root: Path, target: Target, res: Results, repeat: int) -> None:
 
 
 def exp_local(root: Path, target: Target, res: Results, files: int) -> None:
-    m = Mount(root, target)
+    m = Mount(root, target.url)
     res.mount_config("local", m)
     local = Path(tempfile.mkdtemp(dir=root))
     rows = []
@@ -428,20 +382,10 @@ def exp_peers(root: Path, target: Target, res: Results, big_bytes: int) -> None:
     if not (target.storage_url and shutil.which("rclone")):
         res.summary += ["## Peers", "", "- not run: needs the rucio backend and rclone (apt)", ""]
         return
-    peer = Path(tempfile.mkdtemp(dir=root))
     rel = target.big_url[len(target.storage_url):]
-    proc = subprocess.Popen(["rclone", "mount", "--read-only", "--http-url", target.storage_url,
-                             ":http:", str(peer)], stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            if (peer / rel).exists():
-                break
-            time.sleep(0.1)
+    with rclone_http_mount(root, target.storage_url, rel) as peer:
         drop_page_cache()
         peer_mbps = big_bytes / 1e6 / timed(["head", "-c", str(big_bytes), str(peer / rel)])
-    finally:
-        subprocess.run(["fusermount3", "-u", str(peer)], check=False)
-        proc.wait(timeout=30)
     ours = next((r["MBps"] for r in res.data["experiments"].get("cat", [])
                  if r.get("what") == "read big" and r.get("MBps")), None)
     res.table("peers", [{"client": "rclone mount (http)", "MBps": peer_mbps},

@@ -247,11 +247,7 @@ class Catalog:
         keys = [(path, version, i) for i in range(first, first + count)]
 
         async def fetch() -> list[bytes]:
-            data = await self._timed("read", lambda: self.backend.read(handle, start, length))
-            self.stats.backend_call("read").bytes += len(data)
-            if len(data) != length:
-                raise IntegrityError(
-                    f"backend returned {len(data)} of {length} bytes at {start}")
+            data = await self._timed("read", lambda: self._read_exact(handle, start, length))
             # Blocks are views of the one buffer: no copy; it is freed with its last block.
             view = memoryview(data)
             blocks = [view[k * block_size:(k + 1) * block_size] for k in range(count)]
@@ -292,14 +288,15 @@ class Catalog:
             await self.disk.put(key, block)
 
     async def _fetch(self, handle: Any, key: Hashable, offset: int, size: int) -> bytes:
-        async def fetch() -> bytes:
-            data = await self.backend.read(handle, offset, size)
-            self.stats.backend_call("read").bytes += len(data)
-            if len(data) != size:
-                raise IntegrityError(f"backend returned {len(data)} of {size} bytes at {offset}")
-            return data
+        return await self._call("read", key, lambda: self._read_exact(handle, offset, size))
 
-        return await self._call("read", key, fetch)
+    async def _read_exact(self, handle: Any, offset: int, size: int) -> bytes:
+        """One backend read, counted; fewer bytes than asked is an error, never a short file."""
+        data = await self.backend.read(handle, offset, size)
+        self.stats.backend_call("read").bytes += len(data)
+        if len(data) != size:
+            raise IntegrityError(f"backend returned {len(data)} of {size} bytes at {offset}")
+        return data
 
     def discard_data(self, path: str, entry: Entry) -> None:
         """Forget every cached block of ``path`` (e.g. after it failed verification)."""

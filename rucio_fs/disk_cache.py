@@ -97,16 +97,9 @@ class DiskCache:
         for _, digest, size in sorted(found):
             self._index[digest] = size
             self._bytes += size
-        self._bytes_limit_after_load()
+        self._evict(0)  # a smaller --cache-size than last time: shed the oldest blocks now
         log.info("disk cache %s: %d blocks, %d bytes", self.directory, len(self._index),
                  self._bytes)
-
-    def _bytes_limit_after_load(self) -> None:
-        """A smaller --cache-size than last time: shed the oldest blocks now."""
-        while self._index and self._bytes > self.max_bytes:
-            digest, size = self._index.popitem(last=False)
-            self._bytes -= size
-            self._file(digest).unlink(missing_ok=True)
 
     @staticmethod
     def _check_header(file: Path) -> int | None:

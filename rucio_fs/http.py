@@ -112,11 +112,6 @@ class ApiClient:
         self._client = httpx.AsyncClient(verify=verify, timeout=timeout, headers=headers,
                                          follow_redirects=True)
 
-    @property
-    def http(self) -> httpx.AsyncClient:
-        """The underlying client, for requests that must bypass auth (e.g. getting a token)."""
-        return self._client
-
     async def aclose(self) -> None:
         await self._client.aclose()
 

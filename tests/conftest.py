@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,11 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(interval)
+
+
+def adler32(data: bytes) -> str:
+    """A checksum as Rucio writes it: 8 lower-case hex digits."""
+    return f"{zlib.adler32(data):08x}"
 
 
 def dump(obj: object) -> str:

@@ -8,14 +8,10 @@ from __future__ import annotations
 import errno
 import os
 import time
-import zlib
 
 import pytest
+from conftest import adler32
 from fault_proxy import fault_proxy
-
-
-def adler32(data: bytes) -> str:
-    return f"{zlib.adler32(data):08x}"
 
 
 @pytest.fixture

@@ -15,17 +15,12 @@ import sqlite3
 import subprocess
 import threading
 import time
-import zlib
 from pathlib import Path
 
 import pytest
-from conftest import RUCIO_FS, run_cli, wait_for
+from conftest import RUCIO_FS, adler32, run_cli, wait_for
 
 BIG = "frame-4509715660.gwf"
-
-
-def adler32(data: bytes) -> str:
-    return f"{zlib.adler32(data):08x}"
 
 
 def test_listings_match_the_catalog(mount_fs, rucio_server):
