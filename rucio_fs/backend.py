@@ -14,6 +14,12 @@ Contract for implementers:
   as ``bytes`` or a read-only ``memoryview`` that nobody modifies afterwards (no copy needed).
 * Errors are the typed ones from :mod:`rucio_fs.errors`.
 * Optional operations are declared in ``capabilities``; the core never probes for them.
+
+Writing (``Capability.WRITE``): the core stages a file's new content on local disk and hands it
+over at ``flush``/``fsync``/``close``: a file of at most ``single_put_max`` bytes in one
+:meth:`Backend.put`, a larger one as an :class:`Upload` of parts (streamed while a sequential
+writer is still writing). The backend never sees a partial file as committed; an upload that
+fails is aborted and reported, and the core keeps the staged data.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from .errors import NotPermitted, NotSupported
 
 
 class Kind(enum.Enum):
@@ -39,6 +47,8 @@ class Capability(enum.Flag):
     UNLINK = enum.auto()
     RENAME = enum.auto()
     SETXATTR = enum.auto()
+    #: ``truncate`` in place; without it the core rewrites the file.
+    TRUNCATE = enum.auto()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +83,25 @@ class FsUsage:
     total_bytes: int = 0
     free_bytes: int = 0
     files: int = 0
+
+
+class Upload(ABC):
+    """One file being uploaded in parts. The core calls ``write_part`` with increasing
+    ``number`` (from 1), possibly several at once; every part but the last has at least the
+    backend's ``upload_part_size`` bytes. Then exactly one of ``commit`` or ``abort``."""
+
+    @abstractmethod
+    async def write_part(self, number: int, offset: int, data: memoryview) -> None:
+        """Store bytes ``[offset, offset+len(data))`` of the new content as part ``number``."""
+
+    @abstractmethod
+    async def commit(self, size: int) -> Entry:
+        """Make the parts the file's content (``size`` bytes in all); returns its new entry."""
+
+    @abstractmethod
+    async def abort(self) -> None:
+        """Forget the parts; the file keeps its previous content. Must not raise for a
+        server that is gone (log instead): it runs on error paths."""
 
 
 class Backend(ABC):
@@ -139,6 +168,52 @@ class Backend(ABC):
         listing is looked up with ``stat`` rather than taken as absent.
         """
         return True
+
+    # -- writing (only called when the matching capability is declared) -----------------------
+
+    #: Files up to this size are written with one ``put``.
+    single_put_max: ClassVar[int] = 8 << 20
+    #: Size of every part but the last of an :class:`Upload`.
+    upload_part_size: ClassVar[int] = 8 << 20
+    #: Most parts of a file uploaded at once.
+    upload_parallelism: ClassVar[int] = 4
+
+    async def put(self, path: str, data: bytes | memoryview) -> Entry:
+        """Replace (or create) file ``path`` with ``data``; returns its new entry."""
+        raise NotSupported(f"{self.scheme}: writing is not supported")
+
+    async def begin_upload(self, path: str) -> Upload:
+        """Start replacing (or creating) file ``path`` part by part."""
+        raise NotSupported(f"{self.scheme}: writing is not supported")
+
+    async def mkdir(self, path: str) -> Entry:
+        raise NotSupported(f"{self.scheme}: mkdir is not supported")
+
+    async def unlink(self, path: str) -> None:
+        raise NotSupported(f"{self.scheme}: unlink is not supported")
+
+    async def rmdir(self, path: str) -> None:
+        """Remove empty directory ``path``; NotEmpty when it has children."""
+        raise NotSupported(f"{self.scheme}: rmdir is not supported")
+
+    async def rename(self, old: str, new: str, entry: Entry) -> Entry:
+        """Move ``old`` (described by ``entry``) to ``new``, replacing a file there; returns
+        the entry at ``new``. CrossDevice when this backend cannot move it in place."""
+        raise NotSupported(f"{self.scheme}: rename is not supported")
+
+    async def truncate(self, path: str, size: int) -> Entry:
+        """Cut or extend (with zeros) file ``path`` to ``size`` (``Capability.TRUNCATE``)."""
+        raise NotSupported(f"{self.scheme}: truncate is not supported")
+
+    async def set_mtime(self, path: str, entry: Entry, mtime_ns: int, now: bool) -> Entry:
+        """Set the modification time (``now``: the caller asked for the current time).
+        NotPermitted when the catalog cannot store that time."""
+        raise NotPermitted(f"{self.scheme}: modification times cannot be set")
+
+    async def set_xattr(self, path: str, entry: Entry, name: str, value: bytes | None) -> Entry:
+        """Set (``value`` None: remove) extended attribute ``name`` (without ``user.``).
+        NotSupported for names the backend does not store."""
+        raise NotSupported(f"{self.scheme}: extended attributes cannot be set")
 
     async def usage(self) -> FsUsage:
         """Capacity figures for ``statfs``; unknown by default."""

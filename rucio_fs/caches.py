@@ -91,9 +91,14 @@ class Listing:
 
     Names that cannot be POSIX file names (empty, ``.``, ``..``, containing ``/`` or NUL) are a
     backend bug and are left out here, counted in ``rejected``; duplicate names keep the first.
+
+    Changes made through the mount are applied in place (:meth:`upsert`, :meth:`remove`) so a
+    directory being filled is not listed again for every new name. ``entries`` and ``names``
+    stay index-stable for readers holding them: a new name is appended, a removed one leaves
+    ``None`` behind (readers skip it) until enough pile up to build fresh lists.
     """
 
-    __slots__ = ("by_name", "entries", "names", "rejected")
+    __slots__ = ("_index", "_removed", "by_name", "entries", "names", "rejected")
 
     def __init__(self, entries: Sequence[Entry]) -> None:
         by_name: dict[str, Entry] = {}
@@ -107,10 +112,44 @@ class Listing:
             else:
                 rejected += 1
         self.by_name = by_name
-        self.entries: list[Entry] = list(by_name.values()) if rejected else list(entries)
+        self.entries: list[Entry | None] = (
+            list(by_name.values()) if rejected else list(entries))
         self.rejected = rejected
-        #: File-system encoded names, ready for readdir replies.
-        self.names = [os.fsencode(entry.name) for entry in self.entries]
+        #: File-system encoded names, ready for readdir replies (None where removed).
+        self.names: list[bytes | None] = [os.fsencode(e.name) for e in self.entries if e]
+        self._index: dict[str, int] | None = None
+        self._removed = 0
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.by_name)
+
+    def _positions(self) -> dict[str, int]:
+        if self._index is None:
+            self._index = {e.name: i for i, e in enumerate(self.entries) if e is not None}
+        return self._index
+
+    def upsert(self, entry: Entry) -> None:
+        """Add ``entry`` or replace the entry of the same name."""
+        index = self._positions()
+        at = index.get(entry.name)
+        if at is None:
+            index[entry.name] = len(self.entries)
+            self.entries.append(entry)
+            self.names.append(os.fsencode(entry.name))
+        else:
+            self.entries[at] = entry
+        self.by_name[entry.name] = entry
+
+    def remove(self, name: str) -> None:
+        at = self._positions().pop(name, None)
+        if at is None:
+            return
+        del self.by_name[name]
+        self.entries[at] = self.names[at] = None
+        self._removed += 1
+        if self._removed > 64 and self._removed > len(self.by_name):
+            # New lists: readers holding the old ones keep their positions.
+            self.entries = list(self.by_name.values())
+            self.names = [os.fsencode(e.name) for e in self.entries if e]
+            self._index = None
+            self._removed = 0

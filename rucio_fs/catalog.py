@@ -78,6 +78,8 @@ class Catalog:
         self.data: CacheLayer[bytes] = CacheLayer(
             "data", config.data, byte_cache(max(cached_bytes, config.block_size)), stats)
         self._flight = SingleFlight(config.coalescing, stats.coalesced)
+        #: Files created through this mount and not yet uploaded: shown by stat and list.
+        self.local: dict[str, Entry] = {}
         backend.use_caches(config.metadata)
         # Blocks go to the disk layer in the background, several written at once; reads wait
         # only when the disk falls a whole queue behind the network.
@@ -86,9 +88,9 @@ class Catalog:
 
     async def _call(self, call: str, key: Hashable, fn: Callable[[], Awaitable[T]]) -> T:
         """One (possibly shared) backend call, counted and timed under ``call``."""
-        return await self._flight.run((call, key), lambda: self._timed(call, fn))
+        return await self._flight.run((call, key), lambda: self.timed(call, fn))
 
-    async def _timed(self, call: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def timed(self, call: str, fn: Callable[[], Awaitable[T]]) -> T:
         op = self.stats.backend_call(call)
         start = time.perf_counter_ns()
         try:
@@ -114,7 +116,7 @@ class Catalog:
 
     async def stat(self, path: str) -> Entry:
         """Attributes of ``path``: metadata cache, then the parent's cached listing, then stat."""
-        entry = self.metadata.get(path)
+        entry = self.local.get(path) or self.metadata.get(path)
         if entry is None and path != "/":
             parent, name = split_path(path)
             listing = self.listing.get(parent)
@@ -143,6 +145,9 @@ class Catalog:
             return Listing([entry async for entry in self.backend.list(path)])
 
         listing = await self._call("list", path, fetch)
+        for local_path, entry in self.local.items():
+            if split_path(local_path)[0] == path:
+                listing.upsert(entry)
         if listing.rejected:
             self.stats.events["listing_names_rejected"] += listing.rejected
             log.warning("%s: %d entries with unusable or duplicate names left out",
@@ -154,10 +159,10 @@ class Catalog:
     async def open(self, path: str, entry: Entry) -> Any:
         if entry.is_dir:
             raise NotADirectory(path)
-        return await self._timed("open", lambda: self.backend.open(path, entry))
+        return await self.timed("open", lambda: self.backend.open(path, entry))
 
     async def close(self, handle: Any) -> None:
-        await self._timed("close", lambda: self.backend.close(handle))
+        await self.timed("close", lambda: self.backend.close(handle))
 
     async def xattrs(self, path: str, entry: Entry) -> dict[str, bytes]:
         return dict(await self._call("xattrs", path, lambda: self.backend.xattrs(path, entry)))
@@ -247,7 +252,7 @@ class Catalog:
         keys = [(path, version, i) for i in range(first, first + count)]
 
         async def fetch() -> list[bytes]:
-            data = await self._timed("read", lambda: self._read_exact(handle, start, length))
+            data = await self.timed("read", lambda: self._read_exact(handle, start, length))
             # Blocks are views of the one buffer: no copy; it is freed with its last block.
             view = memoryview(data)
             blocks = [view[k * block_size:(k + 1) * block_size] for k in range(count)]
@@ -297,6 +302,50 @@ class Catalog:
         if len(data) != size:
             raise IntegrityError(f"backend returned {len(data)} of {size} bytes at {offset}")
         return data
+
+    # -- changes made through this mount --------------------------------------------------------
+
+    def note_entry(self, path: str, entry: Entry | None) -> None:
+        """``path`` now is ``entry`` (None: gone) after a change made through this mount: the
+        metadata layer and the parent's cached listing learn it without asking the backend."""
+        parent, name = split_path(path)
+        listing = self.listing.peek(parent)
+        if entry is None:
+            self.local.pop(path, None)
+            self.metadata.put(path, _MISSING)
+            if listing is not None:
+                listing.remove(name)
+        else:
+            self.metadata.put(path, entry)
+            if listing is not None:
+                listing.upsert(entry)
+
+    def created_locally(self, path: str, entry: Entry) -> None:
+        """A new file exists only in the mount until its first upload."""
+        self.local[path] = entry
+        self.note_entry(path, entry)
+
+    def committed(self, path: str, entry: Entry) -> None:
+        self.local.pop(path, None)
+        self.note_entry(path, entry)
+
+    def discarded(self, path: str, base: Entry | None) -> None:
+        """Pending content of ``path`` was thrown away: it is ``base`` again (None: gone)."""
+        self.note_entry(path, base)
+
+    def new_directory(self, path: str, entry: Entry) -> None:
+        self.note_entry(path, entry)
+        self.listing.put(path, Listing([]))
+
+    def forget_tree(self, path: str) -> None:
+        """Forget cached metadata and listings of ``path`` and everything below it."""
+        below = path.rstrip("/") + "/"
+        for layer in (self.metadata, self.listing):
+            for key in layer.cached_keys():
+                if key == path or key.startswith(below):
+                    layer.discard(key)
+        for key in [k for k in self.local if k.startswith(below)]:
+            del self.local[key]
 
     def discard_data(self, path: str, entry: Entry) -> None:
         """Forget every cached block of ``path`` (e.g. after it failed verification)."""

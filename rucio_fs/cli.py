@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from typing import Any
+from urllib.parse import urlencode
 
 import click
 
@@ -109,6 +110,12 @@ def cli() -> None:
               help="FUSE background requests in flight (root only; 0 keeps the default).")
 @click.option("--max-tasks", type=click.IntRange(1, 10_000), default=256, show_default=True,
               help="Most FUSE requests served concurrently.")
+@click.option("--staging-dir", type=click.Path(file_okay=False),
+              help="Where files being written wait for their upload (default: staging/ in "
+                   "--cache-dir, else in the temporary directory).")
+@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="Backend option, the same as ?KEY=VALUE in the URL (repeatable), "
+                   "e.g. -o endpoint_url=http://127.0.0.1:7070 for s3://.")
 def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other: bool,
           log_file: str | None, cold: bool, no_kernel_cache: bool, no_metadata_cache: bool,
           no_listing_cache: bool, no_data_cache: bool, cache_dir: str | None, cache_size: int,
@@ -118,7 +125,8 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
           data_cache_size: int, block_size: int, attr_window: float, prefetch_max: int,
           no_verify: bool,
           timeout: float,
-          xattrs: bool, read_ahead_kb: int, max_background: int, max_tasks: int) -> int:
+          xattrs: bool, read_ahead_kb: int, max_background: int, max_tasks: int,
+          staging_dir: str | None, options: tuple[str, ...]) -> int:
     """Mount the catalog at URL (demo://, ...) on MOUNTPOINT.
 
     Returns once the mount is ready, leaving the daemon in the background (unless -f).
@@ -133,9 +141,49 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
         block_size=block_size, attr_window=attr_window,
         prefetch_max_bytes=prefetch_max, verify=not no_verify, backend_timeout=timeout,
         disk_dir="" if (cold or no_disk_cache or not cache_dir) else os.path.abspath(cache_dir),
-        disk_max_bytes=cache_size, disk_free_floor=cache_free_floor).check()
+        disk_max_bytes=cache_size, disk_free_floor=cache_free_floor,
+        staging_dir=os.path.abspath(staging_dir) if staging_dir else "").check()
+    url = with_options(url, options)
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
                                  log_file, max_tasks, xattrs, read_ahead_kb, max_background))
+
+
+def with_options(url: str, options: tuple[str, ...]) -> str:
+    """``url`` with ``-o KEY=VALUE`` options appended to its query string."""
+    pairs = []
+    for option in options:
+        key, sep, value = option.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{option!r} is not KEY=VALUE", param_hint="-o")
+        pairs.append((key, value))
+    if not pairs:
+        return url
+    return url + ("&" if "?" in url else "?") + urlencode(pairs)
+
+
+@cli.command()
+@click.argument("mountpoint")
+@click.option("--retry", is_flag=True, help="Try every pending upload again now.")
+@click.option("--discard", "discard", multiple=True, metavar="PATH",
+              help="Throw away the pending content of PATH (a path inside the mount).")
+def uploads(mountpoint: str, retry: bool, discard: tuple[str, ...]) -> int:
+    """Files whose upload failed and whose data waits in the staging directory."""
+    root = os.path.abspath(mountpoint)
+    paths = []
+    for path in discard:
+        full = os.path.abspath(path)
+        if full != root and not full.startswith(root + os.sep):
+            raise click.BadParameter(f"{path} is not inside {mountpoint}", param_hint="--discard")
+        paths.append("/" + os.path.relpath(full, root).lstrip("."))
+    result = control.request(mountpoint, "uploads", retry=retry, discard=paths)
+    for path in result["discarded"]:
+        click.echo(f"discarded {path}")
+    for item in result["pending"]:
+        click.echo(f"pending {item['path']} ({item['size']} bytes, staged in {item['staged']})"
+                   + (f": {item['error']}" if item["error"] else ""))
+    if not result["pending"] and not result["discarded"]:
+        click.echo("no pending uploads")
+    return 1 if result["pending"] else 0
 
 
 @cli.command()

@@ -70,6 +70,9 @@ class MountConfig:
     disk_dir: str = ""
     disk_max_bytes: int = 10 << 30
     disk_free_floor: int = 1 << 30
+    #: Where files being written are staged (default: ``staging/`` in the cache directory,
+    #: else ``rucio-fs-<uid>/staging`` in the temporary directory).
+    staging_dir: str = ""
 
     @property
     def disk(self) -> bool:

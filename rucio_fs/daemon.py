@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from .mounts import find_mount, require_rucio_fs, runtime_dir, socket_path
 from .registry import open_backend
 from .stats import Stats
 from .tracing import RequestRecorder
+from .writeback import WriteBack
 
 #: Tasks writing blocks to the disk layer in parallel.
 DISK_WRITERS = 4
@@ -189,7 +191,10 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
         except OSError as exc:
             raise InvalidInput(f"cache directory {req.cache.disk_dir}: {exc.strerror}") from None
     catalog = Catalog(backend, req.cache, stats, disk)
-    ops = RucioFs(catalog, root, req.cache, stats, xattrs=req.xattrs)
+    writeback = None
+    if backend.capabilities & Capability.WRITE:
+        writeback = WriteBack(catalog, staging_dir(req.cache), req.url)
+    ops = RucioFs(catalog, root, req.cache, stats, xattrs=req.xattrs, writeback=writeback)
     options = set(pyfuse3.default_options)
     options.discard("default_permissions")
     options |= {f"fsname={_fsname(req.url)}", "subtype=rucio-fs", "default_permissions"}
@@ -220,6 +225,8 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             nursery.start_soon(_finish_mount, req, minor, stats, state)
             ops.nursery = nursery
+            if writeback is not None:
+                writeback.nursery = nursery
             if disk is not None:
                 for _ in range(DISK_WRITERS):
                     nursery.start_soon(catalog.run_disk_writer)
@@ -229,6 +236,10 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
             nursery.cancel_scope.cancel()
     finally:
         pyfuse3.close(unmount=unmount)
+        if writeback is not None:
+            async with trio.open_nursery() as nursery:
+                writeback.nursery = nursery
+                await writeback.shutdown()
         await catalog.flush_disk_writes()
         await backend.aclose()
         log.info("unmounted %s", req.mountpoint)
@@ -255,6 +266,14 @@ async def _stop_on_signal(scope: trio.CancelScope) -> None:
             log.info("received %s, unmounting", signal.Signals(signum).name)
             scope.cancel()
             return
+
+
+def staging_dir(config: MountConfig) -> str:
+    if config.staging_dir:
+        return config.staging_dir
+    if config.disk_dir:
+        return os.path.join(config.disk_dir, "staging")
+    return os.path.join(tempfile.gettempdir(), f"rucio-fs-{os.getuid()}", "staging")
 
 
 def _fsname(url: str) -> str:
@@ -291,6 +310,17 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
             ops.drop_caches(layers)
             invalidated = await ops.drop_kernel_cache() if "kernel" in layers else 0
             return {"layers": layers, "kernel_inodes_invalidated": invalidated}
+        if op == "uploads":
+            writes = ops.writes
+            if writes is None:
+                raise InvalidInput("this mount is read-only")
+            failed: list[tuple[str, str]] = []
+            if message.get("retry"):
+                failed = await writes.retry()
+            discarded = [p for p in message.get("discard", []) if writes.discard(p)]
+            return {"pending": [{"path": d.path, "size": d.size, "error": d.error,
+                                 "staged": d.staging_path} for d in writes.pending()],
+                    "failed": failed, "discarded": discarded}
         if op == "trace_start":
             if ops.recorder is not None:
                 log.warning("a trace was still recording (its client is gone?); starting anew")

@@ -47,6 +47,32 @@ class IsADirectory(RucioFsError):
     errno = errno.EISDIR
 
 
+class AlreadyExists(RucioFsError):
+    errno = errno.EEXIST
+
+
+class NotEmpty(RucioFsError):
+    errno = errno.ENOTEMPTY
+
+
+class CrossDevice(RucioFsError):
+    """A rename the backend cannot do in place (e.g. an S3 directory); ``mv`` then copies."""
+
+    errno = errno.EXDEV
+
+
+class NotPermitted(RucioFsError):
+    """An attribute change the catalog cannot store (mode, owner, an arbitrary mtime)."""
+
+    errno = errno.EPERM
+
+
+class NoSuchAttribute(RucioFsError):
+    """An extended attribute that is not there (ENOATTR, which Linux spells ENODATA)."""
+
+    errno = errno.ENODATA
+
+
 class NotSupported(RucioFsError):
     """The backend cannot express this operation (it did not declare the capability)."""
 

@@ -25,12 +25,23 @@ from .backend import Capability, Entry
 from .caches import Listing
 from .catalog import Catalog, child_path, content_version
 from .config import MountConfig
-from .errors import IntegrityError, NotADirectory, NotFound, RucioFsError
+from .errors import (
+    AlreadyExists,
+    IntegrityError,
+    IsADirectory,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    NotPermitted,
+    NotSupported,
+    RucioFsError,
+)
 from .inodes import ROOT_INO, Inode, InodeTable
 from .integrity import StreamVerifier, verifier_for
 from .prefetch import Prefetcher
 from .stats import Stats, errno_name
 from .tracing import RequestRecorder
+from .writeback import DirtyFile, WriteBack
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -100,13 +111,26 @@ class _FileHandle:
     prefetcher: Prefetcher | None
     #: Where the previous read ended, to tell sequential reads from random ones.
     last_end: int = 0
+    #: The file's pending content, when it has any; ``writer``: this handle may write.
+    dirty: DirtyFile | None = None
+    writer: bool = False
+
+
+async def _not_implemented(*_args: Any) -> None:
+    raise pyfuse3.FUSEError(errno.ENOSYS)
+
+
+#: Times within this many nanoseconds of the clock count as "now" (``touch``).
+NOW_SLACK_NS = 2_000_000_000
 
 
 class RucioFs(pyfuse3.Operations):
-    """A read-only view of one catalog. Construct, then ``pyfuse3.init`` and ``pyfuse3.main``."""
+    """One catalog as a file system (writable when the backend declares ``WRITE`` and a
+    :class:`WriteBack` is given). Construct, then ``pyfuse3.init`` and ``pyfuse3.main``."""
 
     def __init__(self, catalog: Catalog, root_entry: Entry, config: MountConfig, stats: Stats,
-                 uid: int | None = None, gid: int | None = None, xattrs: bool = False) -> None:
+                 uid: int | None = None, gid: int | None = None, xattrs: bool = False,
+                 writeback: WriteBack | None = None) -> None:
         super().__init__()
         self.catalog = catalog
         self.xattrs = xattrs
@@ -115,7 +139,11 @@ class RucioFs(pyfuse3.Operations):
         self.inodes = InodeTable(root_entry)
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
-        self.writable = bool(catalog.backend.capabilities & Capability.WRITE)
+        self.writable = bool(catalog.backend.capabilities & Capability.WRITE) and bool(writeback)
+        self.writes = writeback
+        if writeback is None:
+            # ENOSYS once makes the kernel stop sending FLUSH: no round trip per close.
+            self.flush = self.fsync = _not_implemented  # type: ignore[method-assign,assignment]
         #: Where background work (read-ahead, checksum hashing) runs; set by the daemon.
         self.nursery: trio.Nursery | None = None
         #: Blocks all read-ahead of the mount may have in flight (its share of the data budget).
@@ -174,7 +202,14 @@ class RucioFs(pyfuse3.Operations):
                 and (parent.open_dirs > 0 or now < parent.listing_fresh_until))
 
     async def _revalidate(self, inode: Inode) -> Entry:
-        """The inode's current entry: its own if fresh, else through the catalog's layers."""
+        """The inode's current entry: its own if fresh, else through the catalog's layers
+        (a file with pending content: its local attributes)."""
+        dirty = self._dirty(inode.path)
+        if dirty is not None:
+            entry = dirty.entry()
+            if entry.version != inode.entry.version:
+                inode.entry, inode.attrs = entry, None
+            return inode.entry
         now = time.monotonic()
         if not self._fresh(inode, now):
             entry = await self.catalog.stat(inode.path)
@@ -201,7 +236,10 @@ class RucioFs(pyfuse3.Operations):
         text = os.fsdecode(name)
         now = time.monotonic()
         known = self.inodes.child(parent, text)
-        if known is not None and self._fresh(known, now):
+        dirty = self._dirty(child_path(parent.path, text))
+        if dirty is not None:
+            entry = dirty.entry()
+        elif known is not None and self._fresh(known, now):
             entry = known.entry
         else:
             try:
@@ -245,8 +283,15 @@ class RucioFs(pyfuse3.Operations):
         parent, listing, now = handle.inode, handle.listing, handle.fetched_at
         entries, names, children = listing.entries, listing.names, parent.children
         lookup, attrs_of, reply = self.inodes.lookup, self._attrs, pyfuse3.readdir_reply
+        dirty_files = self.writes.files if self.writes is not None else {}
         for index in range(start_id, len(entries)):
             entry = entries[index]
+            if entry is None:  # removed through the mount while listed
+                continue
+            if dirty_files:
+                dirty = dirty_files.get(child_path(parent.path, entry.name))
+                if dirty is not None:
+                    entry = dirty.entry()
             child = children.get(entry.name)
             if child is not None and child.entry is entry and child.attrs is not None:
                 # Warm path: the kernel already knows this very entry and its attributes.
@@ -274,8 +319,13 @@ class RucioFs(pyfuse3.Operations):
     @fuse_op
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
         node = self._inode(inode)
-        if flags & os.O_ACCMODE != os.O_RDONLY and not self.writable:
-            raise pyfuse3.FUSEError(errno.EROFS)
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            return await self._open_for_writing(node, flags)
+        dirty = self._dirty(node.path)
+        if dirty is not None:
+            fh = self._new_fh()
+            self._files[fh] = _FileHandle(node, dirty.entry(), None, None, None, dirty=dirty)
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False)
         entry = await self._revalidate(node)
         backend_handle = await self.catalog.open(node.path, entry)
         version = content_version(entry)
@@ -303,6 +353,8 @@ class RucioFs(pyfuse3.Operations):
     @fuse_op
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._files[fh]
+        if handle.dirty is not None:
+            return await self._read_dirty(handle, off, size)
         # The kernel's parallel read-ahead arrives slightly out of order: still sequential.
         sequential = abs(off - handle.last_end) <= self.config.block_size
         handle.last_end = off + size
@@ -329,7 +381,14 @@ class RucioFs(pyfuse3.Operations):
         if handle.verifier is not None:
             await handle.verifier.close()
             self.stats.events[f"checksum_{handle.verifier.state}"] += 1
-        await self.catalog.close(handle.backend_handle)
+        if handle.backend_handle is not None or handle.dirty is None:
+            await self.catalog.close(handle.backend_handle)
+        if handle.writer and handle.dirty is not None and self.writes is not None:
+            dirty = handle.dirty
+            await self.writes.release(dirty)
+            if self.writes.get(dirty.path) is not dirty and dirty.base is not None:
+                node = handle.inode
+                node.entry, node.attrs, node.fetched_at = dirty.base, None, time.monotonic()
 
     @fuse_op
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
@@ -341,6 +400,284 @@ class RucioFs(pyfuse3.Operations):
         data.f_files = usage.files
         data.f_namemax = 255
         return data
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def _dirty(self, path: str) -> DirtyFile | None:
+        return self.writes.files.get(path) if self.writes is not None else None
+
+    def _writeback(self) -> WriteBack:
+        if self.writes is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return self.writes
+
+    def _need(self, capability: Capability, what: str) -> None:
+        if self.writes is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if not self.catalog.backend.capabilities & capability:
+            raise NotSupported(f"{self.catalog.backend.scheme} cannot {what}")
+
+    async def _entry_of(self, path: str) -> Entry:
+        dirty = self._dirty(path)
+        return dirty.entry() if dirty is not None else await self.catalog.stat(path)
+
+    async def _open_for_writing(self, node: Inode, flags: int) -> pyfuse3.FileInfo:
+        writes = self._writeback()
+        entry = await self._revalidate(node)
+        if entry.is_dir:
+            raise IsADirectory(node.path)
+        dirty = writes.open(node.path, entry)
+        try:
+            if flags & os.O_TRUNC:
+                await dirty.truncate(0)
+        except BaseException:
+            await writes.release(dirty)
+            raise
+        node.cached_version = INVALID  # the kernel's pages must not outlive this writer
+        fh = self._new_fh()
+        self._files[fh] = _FileHandle(node, dirty.entry(), None, None, None,
+                                      dirty=dirty, writer=True)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False)
+
+    async def _read_dirty(self, handle: _FileHandle, off: int, size: int) -> bytes:
+        dirty = handle.dirty
+        assert dirty is not None
+        data = dirty.read(off, size) if dirty.fd >= 0 else None
+        if data is None:  # not modified yet: the committed content
+            base = dirty.base
+            if base is None:
+                return b""
+            if handle.backend_handle is None or handle.entry is not base:
+                if handle.backend_handle is not None:
+                    await self.catalog.close(handle.backend_handle)
+                handle.backend_handle = await self.catalog.open(dirty.path, base)
+                handle.entry = base
+            data = await self.catalog.read(dirty.path, base, handle.backend_handle, off, size)
+        self.stats.fuse_op("read").bytes += len(data)
+        return data
+
+    @fuse_op
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
+                     ctx: Any) -> tuple[pyfuse3.FileInfo, Any]:
+        parent = self._inode(parent_inode)
+        writes = self._writeback()
+        if not stat.S_ISREG(mode):
+            raise NotSupported("only regular files can be created here")
+        text = os.fsdecode(name)
+        path = child_path(parent.path, text)
+        try:
+            existing: Entry | None = await self._entry_of(path)
+        except NotFound:
+            existing = None
+        if existing is not None:
+            if flags & os.O_EXCL:
+                raise AlreadyExists(path)
+            if existing.is_dir:
+                raise IsADirectory(path)
+        dirty = writes.open(path, existing)
+        if existing is None:
+            self.catalog.created_locally(path, dirty.entry())
+        elif flags & os.O_TRUNC:
+            await dirty.truncate(0)
+        node = self.inodes.lookup(parent, text, dirty.entry(), time.monotonic())
+        node.cached_version = INVALID
+        fh = self._new_fh()
+        self._files[fh] = _FileHandle(node, dirty.entry(), None, None, None,
+                                      dirty=dirty, writer=True)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False), self._attrs(node)
+
+    @fuse_op
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self._files[fh]
+        if handle.dirty is None or not handle.writer:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        written = await handle.dirty.write(off, buf)
+        self.stats.fuse_op("write").bytes += written
+        return written
+
+    @fuse_op
+    async def flush(self, fh: int) -> None:
+        handle = self._files.get(fh)
+        if handle is not None and handle.writer and handle.dirty is not None:
+            dirty = handle.dirty
+            if dirty.base is None and dirty.size == 0:
+                # A new, still empty file: the shell closes a dup of it before writing
+                # (`echo x > f`); its upload waits for the release.
+                return
+            await dirty.commit()
+
+    @fuse_op
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self._files.get(fh)
+        if handle is not None and handle.dirty is not None:
+            await handle.dirty.commit()
+
+    @fuse_op
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None,
+                      ctx: Any) -> Any:
+        node = self._inode(inode)
+        entry = await self._revalidate(node)
+        shown = self._attrs(node)
+        if ((fields.update_uid and attr.st_uid != shown.st_uid)
+                or (fields.update_gid and attr.st_gid != shown.st_gid)):
+            raise NotPermitted(f"{node.path}: owners cannot be changed here")
+        if fields.update_mode and stat.S_IMODE(attr.st_mode) != stat.S_IMODE(shown.st_mode):
+            raise NotPermitted(f"{node.path}: permissions cannot be changed here")
+        if fields.update_size:
+            await self._truncate(node, entry, attr.st_size)
+        if fields.update_mtime or fields.update_atime:
+            await self._set_times(node, attr, fields)
+        await self._revalidate(node)
+        return self._attrs(node)
+
+    async def _truncate(self, node: Inode, entry: Entry, size: int) -> None:
+        if entry.is_dir:
+            raise IsADirectory(node.path)
+        writes = self._writeback()
+        dirty = writes.files.get(node.path)
+        if dirty is not None:
+            await dirty.truncate(size)
+            return
+        if entry.size == size:
+            return
+        backend = self.catalog.backend
+        if backend.capabilities & Capability.TRUNCATE:
+            new = await self.catalog.timed("truncate", lambda: backend.truncate(node.path, size))
+            self._changed(node, new)
+            return
+        dirty = writes.open(node.path, entry)
+        try:
+            await dirty.truncate(size)
+        finally:
+            await writes.release(dirty, raise_errors=True)
+        if dirty.base is not None:
+            self._changed(node, dirty.base)
+
+    async def _set_times(self, node: Inode, attr: Any, fields: Any) -> None:
+        now_ns = time.time_ns()
+        if fields.update_mtime:
+            mtime, is_now = attr.st_mtime_ns, abs(attr.st_mtime_ns - now_ns) < NOW_SLACK_NS
+        else:  # atime is not stored: only "now" is true of it
+            mtime, is_now = attr.st_atime_ns, abs(attr.st_atime_ns - now_ns) < NOW_SLACK_NS
+            if is_now:
+                return
+        dirty = self._dirty(node.path)
+        if dirty is not None or node.entry.is_dir or not fields.update_mtime:
+            # Pending content gets the upload's time; directories have no stored time.
+            if not is_now:
+                raise NotPermitted(f"{node.path}: this time cannot be stored here")
+            if dirty is not None:
+                dirty.set_mtime(now_ns)
+            return
+        backend = self.catalog.backend
+        new = await self.catalog.timed(
+            "set_mtime", lambda: backend.set_mtime(node.path, node.entry, mtime, is_now))
+        self._changed(node, new)
+
+    def _changed(self, node: Inode, entry: Entry) -> None:
+        """``node`` now is ``entry`` after a change made through the mount."""
+        self.catalog.note_entry(node.path, entry)
+        node.entry, node.attrs, node.fetched_at = entry, None, time.monotonic()
+        node.cached_version = INVALID
+
+    @fuse_op
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
+        parent = self._inode(parent_inode)
+        self._need(Capability.MKDIR, "create directories")
+        text = os.fsdecode(name)
+        path = child_path(parent.path, text)
+        backend = self.catalog.backend
+        entry = await self.catalog.timed("mkdir", lambda: backend.mkdir(path))
+        self.catalog.new_directory(path, entry)
+        return self._attrs(self.inodes.lookup(parent, text, entry, time.monotonic()))
+
+    @fuse_op
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        parent = self._inode(parent_inode)
+        self._need(Capability.UNLINK, "remove files")
+        text = os.fsdecode(name)
+        path = child_path(parent.path, text)
+        entry = await self._entry_of(path)
+        if entry.is_dir:
+            raise IsADirectory(path)
+        dirty = await self._writeback().unlinked(path)
+        if dirty is None or dirty.base is not None:
+            backend = self.catalog.backend
+            await self.catalog.timed("unlink", lambda: backend.unlink(path))
+        self.catalog.note_entry(path, None)
+        self.inodes.detach(parent, text)
+
+    @fuse_op
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        parent = self._inode(parent_inode)
+        self._need(Capability.UNLINK, "remove directories")
+        text = os.fsdecode(name)
+        path = child_path(parent.path, text)
+        entry = await self._entry_of(path)
+        if not entry.is_dir:
+            raise NotADirectory(path)
+        below = path + "/"
+        if any(p.startswith(below) for p in (*self.catalog.local, *self._writeback().files)):
+            raise NotEmpty(path)
+        backend = self.catalog.backend
+        await self.catalog.timed("rmdir", lambda: backend.rmdir(path))
+        self.catalog.forget_tree(path)
+        self.catalog.note_entry(path, None)
+        self.inodes.detach(parent, text)
+
+    @fuse_op
+    async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
+                     name_new: bytes, flags: int, ctx: Any) -> None:
+        self._need(Capability.RENAME, "rename")
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            raise NotSupported("rename with RENAME_EXCHANGE is not supported")
+        old_parent, new_parent = self._inode(parent_inode_old), self._inode(parent_inode_new)
+        old_name, new_name = os.fsdecode(name_old), os.fsdecode(name_new)
+        old, new = child_path(old_parent.path, old_name), child_path(new_parent.path, new_name)
+        if old == new:
+            return
+        if new.startswith(old + "/"):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        entry = await self._entry_of(old)
+        try:
+            target: Entry | None = await self._entry_of(new)
+        except NotFound:
+            target = None
+        if target is not None:
+            if flags & pyfuse3.RENAME_NOREPLACE:
+                raise AlreadyExists(new)
+            if entry.is_dir and not target.is_dir:
+                raise NotADirectory(new)
+            if not entry.is_dir and target.is_dir:
+                raise IsADirectory(new)
+        writes = self._writeback()
+        dirty = writes.files.get(old)
+        local_only = False
+        if dirty is not None:
+            async with dirty.lock:  # not while its upload is on its way
+                local_only = dirty.base is None
+                if local_only:
+                    # Never uploaded: the move is the mount's own business until the upload.
+                    await writes.renamed(old, new)
+                    self.catalog.note_entry(old, None)
+                    new_entry = dirty.entry()
+                    self.catalog.created_locally(new, new_entry)
+        if not local_only:
+            if dirty is not None:
+                entry = await dirty.commit() or dirty.base or entry
+            backend = self.catalog.backend
+            new_entry = await self.catalog.timed("rename",
+                                                 lambda: backend.rename(old, new, entry))
+            await writes.renamed(old, new)
+            self.catalog.note_entry(old, None)
+            if entry.is_dir:
+                self.catalog.forget_tree(old)
+                self.catalog.forget_tree(new)
+            self.catalog.note_entry(new, new_entry)
+        self.inodes.move(old_parent, old_name, new_parent, new_name)
+        node = new_parent.children.get(new_name)
+        if node is not None and self._dirty(new) is None:
+            node.entry, node.attrs, node.fetched_at = new_entry, None, time.monotonic()
 
     # -- extended attributes ---------------------------------------------------------------
 
@@ -364,6 +701,32 @@ class RucioFs(pyfuse3.Operations):
     @fuse_op
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
         return [os.fsencode("user." + key) for key in await self._xattrs(inode)]
+
+    @fuse_op
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        await self._change_xattr(inode, name, bytes(value))
+
+    @fuse_op
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        await self._change_xattr(inode, name, None)
+
+    async def _change_xattr(self, inode: int, name: bytes, value: bytes | None) -> None:
+        if not self.xattrs:
+            raise NotSupported("extended attributes are off (mount with --xattrs)")
+        self._need(Capability.SETXATTR, "store extended attributes")
+        key = os.fsdecode(name)
+        if not key.startswith("user."):
+            raise NotSupported(f"only user.* extended attributes can be set, not {key}")
+        node = self._inode(inode)
+        dirty = self._dirty(node.path)
+        entry = (await dirty.commit() or dirty.base) if dirty is not None else None
+        entry = entry or await self._revalidate(node)
+        backend = self.catalog.backend
+        new = await self.catalog.timed(
+            "setxattr", lambda: backend.set_xattr(node.path, entry, key[5:], value))
+        if dirty is not None:
+            dirty.base = new
+        self._changed(node, new)
 
     # -- cache control ---------------------------------------------------------------------
 

@@ -80,6 +80,8 @@ def status_error(status: int, what: str, detail: str = "") -> RucioFsError:
         return NotFound(message)
     if status in (401, 403):
         return PermissionDenied(message)
+    if status == 412:
+        return Unavailable(f"{message} (it changed on the server since it was listed)")
     return Unavailable(message)
 
 
@@ -96,21 +98,23 @@ class ApiClient:
 
     ``describe`` turns an error response into a one-line detail (e.g. the server's own
     exception message). Connection failures, timeouts and :data:`RETRYABLE` statuses are
-    retried per ``retry``; a 401 refreshes the credentials once and tries again.
+    retried per ``retry``; a 401 refreshes the credentials once and tries again. ``signer``
+    signs every request (and every retry) itself, for schemes like AWS SigV4.
     """
 
     def __init__(self, base_url: str, *, verify: ssl.SSLContext | bool = True,
                  timeout: float = 30.0, retry: RetryPolicy | None = None,
                  auth: Authenticator | None = None,
                  describe: Callable[[httpx.Response], str] | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None,
+                 signer: httpx.Auth | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
         self.auth = auth
         self.describe = describe or (lambda r: "")
         self.counters: Counter[str] = Counter()
         self._client = httpx.AsyncClient(verify=verify, timeout=timeout, headers=headers,
-                                         follow_redirects=True)
+                                         follow_redirects=True, auth=signer)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -120,9 +124,12 @@ class ApiClient:
         """One request whose whole body is read; raises a typed error unless ``expect``-ed."""
         expected = frozenset(expect)
 
+        extra_headers = kwargs.pop("headers", None)
+
         async def once() -> httpx.Response:
+            headers = await self._headers({"headers": extra_headers})
             response = await self._client.request(method, self.base_url + path, **kwargs,
-                                                  headers=await self._headers(kwargs))
+                                                  headers=headers)
             await response.aread()
             return response
 
@@ -147,13 +154,15 @@ class ApiClient:
         is not JSON raises :class:`Unavailable`: a listing is complete or it is an error.
         """
         what = what or f"{method} {path}"
+        extra_headers = kwargs.pop("headers", None)
         failure = ""
         for attempt, delay in enumerate([0.0, *self.retry.delays()]):
             await trio.sleep(delay)
             yielded = False
             try:
+                headers = await self._headers({"headers": extra_headers})
                 async with self._client.stream(method, self.base_url + path, **kwargs,
-                                               headers=await self._headers(kwargs)) as response:
+                                               headers=headers) as response:
                     self.counters["requests"] += 1
                     if response.status_code == 401 and self.auth and attempt == 0:
                         await self.auth.refresh()
@@ -279,14 +288,17 @@ class RangeReader:
         self._pool = _Pool(context or tls_context(), timeout, max_idle=threads)
         self._limiter = trio.CapacityLimiter(threads)
 
-    async def read(self, url: str, offset: int, size: int) -> bytes | memoryview:
-        return await trio.to_thread.run_sync(self.read_blocking, url, offset, size,
+    async def read(self, url: str, offset: int, size: int,
+                   headers: dict[str, str] | None = None) -> bytes | memoryview:
+        """``headers`` are sent with this read (e.g. ``If-Match``)."""
+        return await trio.to_thread.run_sync(self.read_blocking, url, offset, size, headers,
                                              limiter=self._limiter, abandon_on_cancel=True)
 
     def close(self) -> None:
         self._pool.close()
 
-    def read_blocking(self, url: str, offset: int, size: int) -> bytes | memoryview:
+    def read_blocking(self, url: str, offset: int, size: int,
+                      headers: dict[str, str] | None = None) -> bytes | memoryview:
         parts = urlsplit(url)
         if parts.scheme == "file":
             return _pread(unquote(parts.path), offset, size)
@@ -302,7 +314,7 @@ class RangeReader:
                 time.sleep(delay)
             conn = self._pool.get(*key)
             try:
-                data, reusable = self._get(conn, target, offset, size, url)
+                data, reusable = self._get(conn, target, offset, size, url, headers)
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -322,11 +334,11 @@ class RangeReader:
         raise Unavailable(f"{_redact(url)}: {failure} after {self.retry.attempts} attempts")
 
     def _get(self, conn: http.client.HTTPConnection, target: str, offset: int, size: int,
-             url: str) -> tuple[memoryview, bool]:
+             url: str, headers: dict[str, str] | None) -> tuple[memoryview, bool]:
         """One ranged GET: (data, connection reusable)."""
         self.counters["requests"] += 1
         conn.request("GET", target, headers={
-            **self.headers(), "Range": f"bytes={offset}-{offset + size - 1}"})
+            **self.headers(), **(headers or {}), "Range": f"bytes={offset}-{offset + size - 1}"})
         resp = conn.getresponse()
         if resp.status == 416:  # the object ends before offset
             resp.read()

@@ -85,6 +85,29 @@ class InodeTable:
         inode.lookups += 1
         return inode
 
+    def move(self, old_parent: Inode, old_name: str, new_parent: Inode, new_name: str) -> None:
+        """A rename through the mount: the inode keeps its number, its subtree's paths follow.
+        An inode that was at the target is detached (it lives on until forgotten)."""
+        inode = old_parent.children.pop(old_name, None)
+        replaced = new_parent.children.pop(new_name, None)
+        if replaced is not None and replaced is not inode:
+            replaced.parent = 0
+        if inode is None:
+            return
+        inode.parent, inode.name = new_parent.ino, new_name
+        new_parent.children[new_name] = inode
+        stack = [(inode, new_parent.path)]
+        while stack:
+            node, parent_path = stack.pop()
+            node.path = "/" + node.name if parent_path == "/" else f"{parent_path}/{node.name}"
+            stack.extend((child, node.path) for child in node.children.values())
+
+    def detach(self, parent: Inode, name: str) -> None:
+        """``parent/name`` was removed: the kernel may still hold the inode (open files)."""
+        inode = parent.children.pop(name, None)
+        if inode is not None:
+            inode.parent = 0
+
     def forget(self, ino: int, count: int) -> None:
         """The kernel dropped ``count`` references; an inode at zero is removed (root: never)."""
         inode = self._by_ino.get(ino)

@@ -185,3 +185,83 @@ def rucio_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RucioServ
             os.environ["RUCIO_CONFIG"] = previous
         if not reuse:
             subprocess.run(["bash", str(SERVER_SCRIPT), "stop", str(base)], timeout=120)
+
+
+S3_SCRIPT = REPO / "scripts" / "servers" / "s3.sh"
+
+
+@dataclass
+class S3Server:
+    """versitygw and moto started by ``scripts/servers/s3.sh`` (see its ``server.env``).
+    Both serve bucket ``test``; the credentials are in the environment of the tests."""
+
+    base: Path
+    env: dict[str, str]
+
+    @property
+    def endpoint(self) -> str:
+        return self.env["VGW_ENDPOINT"]
+
+    @property
+    def moto(self) -> str:
+        return self.env["MOTO_ENDPOINT"]
+
+    def client(self, endpoint: str | None = None):
+        """A botocore client: the tests' independent view of what the server holds."""
+        import botocore.session
+
+        return botocore.session.get_session().create_client(
+            "s3", endpoint_url=endpoint or self.endpoint, region_name="us-east-1")
+
+    def control(self, command: str) -> None:
+        subprocess.run(["bash", str(S3_SCRIPT), command, str(self.base)], check=True,
+                       capture_output=True, timeout=60,
+                       env={**os.environ, "VGW_PORT": self.env["VGW_PORT"]})
+
+    def seed(self, prefix: str, objects: dict[str, bytes]) -> None:
+        """Store objects straight into versitygw's posix store, as versitygw itself does
+        (file plus ETag xattr): 10,000 PUTs would take a minute of the suite on 2 cores."""
+        import hashlib
+
+        root = Path(self.env["VGW_DATA"]) / "test"
+        for name, data in objects.items():
+            path = root / prefix / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            os.setxattr(path, "user.etag", f'"{hashlib.md5(data).hexdigest()}"'.encode())
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """The real S3 servers of the tests, started once per session and stopped by PID.
+
+    ``RUCIO_FS_TEST_S3_DIR`` names the directory of servers already started with
+    ``s3.sh start DIR``; they are then left running.
+    """
+    reuse = os.environ.get("RUCIO_FS_TEST_S3_DIR")
+    base = Path(reuse) if reuse else tmp_path_factory.mktemp("s3-server")
+    if not reuse:
+        ports = dict(zip(("VGW_PORT", "MOTO_PORT"), map(str, free_ports(2)), strict=True))
+        result = subprocess.run(["bash", str(S3_SCRIPT), "start", str(base)],
+                                capture_output=True, text=True, timeout=1200,
+                                env={**os.environ, **ports, "PYTHON": sys.executable})
+        if result.returncode != 0:
+            subprocess.run(["bash", str(S3_SCRIPT), "stop", str(base)])
+            raise RuntimeError(f"S3 servers did not start:\n{result.stderr[-3000:]}")
+    env = dict(line.split("=", 1) for line in
+               (base / "server.env").read_text().splitlines() if "=" in line)
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                            "AWS_REGION", "AWS_EC2_METADATA_DISABLED")}
+    os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                           "AWS_REGION")})
+    os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # never look beyond 127.0.0.1
+    try:
+        yield S3Server(base, env)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if not reuse:
+            subprocess.run(["bash", str(S3_SCRIPT), "stop", str(base)], timeout=120)

@@ -7,7 +7,10 @@ a fault is armed for a path, spoils the answer the way real networks and servers
 * ``stall``:   send the headers and half the body, then hang;
 * ``corrupt``: send the whole body with one byte flipped;
 * ``error``:   answer 500 with Rucio's error headers instead of forwarding;
-* ``short-token``: say a Rucio token expires in 4 s (``X-Rucio-Auth-Token-Expires``).
+* ``short-token``: say a Rucio token expires in 4 s (``X-Rucio-Auth-Token-Expires``);
+* ``slowdown``: answer 503 SlowDown as S3 does when it throttles.
+
+The Host header is forwarded as the client sent it, so AWS SigV4 signatures stay valid.
 
 ``drop`` also models a short body: the Content-Length promised more than arrives.
 """
@@ -23,7 +26,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
+HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
 
 
 class FaultProxy:
@@ -44,7 +47,7 @@ class FaultProxy:
             def do_GET(self) -> None:
                 proxy.forward(self)
 
-            do_POST = do_HEAD = do_GET
+            do_POST = do_HEAD = do_PUT = do_DELETE = do_GET
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -62,7 +65,7 @@ class FaultProxy:
 
     def inject(self, kind: str, match: str = "", times: int = -1) -> None:
         """Spoil the next ``times`` answers (all with -1) whose path contains ``match``."""
-        assert kind in ("drop", "stall", "corrupt", "error", "short-token")
+        assert kind in ("drop", "stall", "corrupt", "error", "short-token", "slowdown")
         with self.lock:
             self.faults.append([kind, match, times])
 
@@ -88,6 +91,17 @@ class FaultProxy:
     def forward(self, handler: BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
+        if self._peek_fault(handler.path) == "slowdown":
+            self._take_fault(handler.path)
+            message = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+                       b"<Message>Please reduce your request rate.</Message></Error>")
+            handler.send_response(503)
+            handler.send_header("Content-Type", "application/xml")
+            handler.send_header("Content-Length", str(len(message)))
+            handler.end_headers()
+            if handler.command != "HEAD":
+                handler.wfile.write(message)
+            return
         if self._peek_fault(handler.path) == "error":
             self._take_fault(handler.path)
             message = b'{"ExceptionClass": "DatabaseException", "ExceptionMessage": "injected"}'
@@ -108,7 +122,7 @@ class FaultProxy:
         finally:
             upstream.close()
         fault = self._take_fault(handler.path) if data or status == 200 else None
-        assert fault != "error"
+        assert fault not in ("error", "slowdown")
         if fault == "corrupt":
             middle = len(data) // 2
             data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]

@@ -1,0 +1,622 @@
+"""``s3://`` — an S3 bucket (or a prefix of it) as a read-write directory tree.
+
+Tree. ``/`` in keys separates directories. A directory is a common prefix of keys or an empty
+``dir/`` marker object (``mkdir`` writes one); its time is the mount's start. A file is an
+object; its version is the ETag (reads send ``If-Match``, so a file changed on the server
+mid-read fails instead of mixing contents).
+
+Keys that cannot be POSIX paths follow one documented rule: they are left out of listings,
+counted in the ``hidden_keys`` counter and named once in the log. These are keys with an empty
+component (``a//b``), a ``.`` or ``..`` component, or a NUL. When a key is both an object and
+a prefix (``k`` beside ``k/child``), the directory wins and the object is hidden, as
+mountpoint-s3 does. A hidden key is never read, written or deleted through the mount.
+
+Costs. A listing is ListObjectsV2 with ``delimiter=/`` (1,000 keys per page), whose entries
+carry size, time and ETag: no HEAD per entry. Looking up a name no listing has shown sends a
+HEAD of the key and a 1-key LIST under ``key/`` at once. Reads are ranged GETs on a presigned
+URL through the core's read path.
+
+Writes (see :mod:`rucio_fs.writeback`): a file up to ``part_size`` is one PUT, a larger one a
+multipart upload whose parts are sent while it is written. Every body carries ``Content-MD5``,
+which S3 checks. ``unlink`` is DELETE; ``mkdir`` PUTs a marker; ``rmdir`` removes an empty
+directory's marker; renaming a file is a server-side copy then DELETE (multipart copy above
+5 GiB). Renaming a directory is refused with EXDEV, a documented limit: S3 has no directory
+to rename, and ``mv`` then copies and deletes the tree itself. ``chmod``/``chown`` and
+arbitrary times cannot be stored (EPERM); setting the time to now (``touch``) copies the
+object onto itself. Extended attributes: ``user.s3.etag``, ``user.s3.storage_class``, and
+``user.s3.meta.<key>`` for user metadata, which ``setxattr``/``removexattr`` rewrite with a
+copy-in-place.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import time
+import xml.etree.ElementTree as ET
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, ClassVar
+from urllib.parse import quote, unquote, urlsplit
+
+import httpx
+import trio
+
+from rucio_fs.backend import Backend, Capability, Entry, Kind, Upload
+from rucio_fs.errors import (
+    CrossDevice,
+    InvalidInput,
+    NoSuchAttribute,
+    NotEmpty,
+    NotFound,
+    NotPermitted,
+    NotSupported,
+    PermissionDenied,
+    RucioFsError,
+    Unavailable,
+)
+from rucio_fs.http import ApiClient, RangeReader, tls_context
+
+from .s3_settings import S3Settings, parse_url
+
+log = logging.getLogger(__name__)
+
+#: Presigned read URLs live this long and are renewed at half of it.
+PRESIGN_SECONDS = 3600
+#: CopyObject's size limit; larger objects are copied part by part.
+COPY_MAX = 5 << 30
+COPY_PART = 1 << 30
+_UNSAFE_META = frozenset("\r\n\0")
+
+
+def _local(tag: str) -> str:
+    return tag.rpartition("}")[2]
+
+
+def _children(element: ET.Element) -> dict[str, str]:
+    return {_local(child.tag): child.text or "" for child in element}
+
+
+def _md5_header(data: bytes) -> str:
+    return base64.b64encode(hashlib.md5(data).digest()).decode()
+
+
+async def _md5_of(body: bytes) -> str:
+    """``Content-MD5`` of a body; large ones are hashed off the event loop (hashlib lets go
+    of the GIL), so parts are hashed in parallel."""
+    if len(body) < 1 << 20:
+        return _md5_header(body)
+    return await trio.to_thread.run_sync(_md5_header, body)
+
+
+def _iso_ns(text: str) -> int:
+    try:
+        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1e9)
+    except ValueError:
+        return 0
+
+
+def _http_date_ns(text: str | None) -> int:
+    try:
+        return int(parsedate_to_datetime(text).timestamp() * 1e9) if text else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _as_bytes(data: bytes | memoryview) -> bytes:
+    if isinstance(data, memoryview) and isinstance(data.obj, bytes) \
+            and data.nbytes == len(data.obj):
+        return data.obj
+    return bytes(data)
+
+
+def describe(response: httpx.Response) -> str:
+    """``Code: Message`` of an S3 error body."""
+    try:
+        fields = _children(ET.fromstring(response.content))
+    except ET.ParseError:
+        return ""
+    code, message = fields.get("Code", ""), fields.get("Message", "")
+    return f"{code}: {message}".strip(": ")
+
+
+def _usable(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "\0" not in name
+
+
+class _SigV4(httpx.Auth):
+    """Signs each request with botocore's S3 SigV4 signer (payload not hashed: bodies carry
+    Content-MD5, which S3 verifies)."""
+
+    _SIGNED = ("content-md5", "content-type", "range")
+
+    def __init__(self, credentials: Any, region: str) -> None:
+        from botocore.auth import S3SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        class _Unsigned(S3SigV4Auth):
+            def _should_sha256_sign_payload(self, request: Any) -> bool:
+                return False
+
+        self._credentials = credentials
+        self._signer_class = _Unsigned
+        self._request_class = AWSRequest
+        self._region = region
+
+    def auth_flow(self, request: httpx.Request):  # type: ignore[no-untyped-def]
+        url = f"{request.url.scheme}://{request.url.netloc.decode()}{request.url.raw_path.decode()}"
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() in self._SIGNED or k.lower().startswith("x-amz-")}
+        aws = self._request_class(method=request.method, url=url, headers=headers)
+        signer = self._signer_class(self._credentials.get_frozen_credentials(), "s3",
+                                    self._region)
+        signer.add_auth(aws)
+        for name in ("Authorization", "X-Amz-Date", "X-Amz-Content-SHA256",
+                     "X-Amz-Security-Token"):
+            if name in aws.headers:
+                request.headers[name] = aws.headers[name]
+        yield request
+
+
+@dataclass
+class _ReadHandle:
+    key: str
+    etag: str
+    url: str
+    signed_at: float
+
+
+class S3Backend(Backend):
+    scheme: ClassVar[str] = "s3"
+    description: ClassVar[str] = "S3 buckets (AWS and compatible servers), read-write"
+    capabilities: ClassVar[Capability] = (Capability.WRITE | Capability.MKDIR
+                                          | Capability.UNLINK | Capability.RENAME
+                                          | Capability.SETXATTR)
+
+    def __init__(self, settings: S3Settings) -> None:
+        self.settings = settings
+        self.single_put_max = self.upload_part_size = settings.part_size
+        self.counters_extra: Counter[str] = Counter()
+        self._credentials: Any = None
+        self._started_ns = time.time_ns()
+        endpoint = urlsplit(settings.endpoint_url)
+        if settings.path_style:
+            self._base = settings.endpoint_url
+            self._bucket_path = "/" + quote(settings.bucket)
+        else:
+            self._base = f"{endpoint.scheme}://{settings.bucket}.{endpoint.netloc}"
+            self._bucket_path = ""
+        self.api: ApiClient | None = None
+        self.reader: RangeReader | None = None
+        self._hidden_logged = 0
+
+    @classmethod
+    def from_url(cls, url: str) -> S3Backend:
+        return cls(parse_url(url))
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        import os
+
+        settings = self.settings
+        signer = None
+        if not settings.anonymous:
+            self._credentials = await trio.to_thread.run_sync(self._find_credentials)
+            signer = _SigV4(self._credentials, settings.region)
+        ca = os.environ.get("AWS_CA_BUNDLE") or None
+        context = tls_context(ca)
+        self.api = ApiClient(self._base, verify=context, timeout=settings.timeout,
+                             describe=describe, signer=signer)
+        self.reader = RangeReader(context=context, timeout=settings.timeout)
+        # One cheap request proves bucket, endpoint and credentials before mounting.
+        query = self._query({"list-type": "2", "max-keys": "1", "prefix": settings.prefix})
+        try:
+            await self.api.request("GET", self._bucket_path + "/" + query,
+                                   what=f"bucket {settings.bucket}")
+        except NotFound as exc:
+            raise NotFound(f"bucket {settings.bucket} does not exist at "
+                           f"{settings.endpoint_url} ({exc})") from None
+        except PermissionDenied as exc:
+            raise PermissionDenied(f"access to bucket {settings.bucket} denied: {exc}") from None
+
+    def _find_credentials(self) -> Any:
+        import botocore.session
+
+        session = botocore.session.Session(profile=self.settings.profile)
+        try:
+            credentials = session.get_credentials()
+        except Exception as exc:
+            raise InvalidInput(f"AWS credentials: {exc}") from None
+        if credentials is None:
+            raise InvalidInput("no AWS credentials found (environment, ~/.aws/credentials, "
+                               "profile, or instance role); use -o anonymous=1 for a public "
+                               "bucket")
+        return credentials
+
+    async def aclose(self) -> None:
+        if self.api is not None:
+            await self.api.aclose()
+        if self.reader is not None:
+            self.reader.close()
+
+    # -- names ------------------------------------------------------------------------------
+
+    def _key(self, path: str) -> str:
+        return self.settings.prefix + path.lstrip("/")
+
+    def _url_path(self, key: str) -> str:
+        return f"{self._bucket_path}/{quote(key, safe='/~')}"
+
+    @staticmethod
+    def _query(params: Mapping[str, str]) -> str:
+        """A query string encoded exactly as SigV4 canonicalises it."""
+        return "?" + "&".join(f"{quote(k, safe='-_.~')}={quote(v, safe='-_.~')}"
+                              for k, v in params.items())
+
+    def _api(self) -> ApiClient:
+        assert self.api is not None, "S3Backend.start() was not called"
+        return self.api
+
+    # -- namespace --------------------------------------------------------------------------
+
+    async def _list_page(self, prefix: str, token: str | None, delimiter: str,
+                         max_keys: int) -> tuple[list[dict[str, str]], list[str], str | None]:
+        params = {"list-type": "2", "prefix": prefix, "encoding-type": "url",
+                  "max-keys": str(max_keys)}
+        if delimiter:
+            params["delimiter"] = delimiter
+        if token:
+            params["continuation-token"] = token
+        response = await self._api().request(
+            "GET", self._bucket_path + "/" + self._query(params), what=f"list {prefix or '/'}")
+        try:
+            root = ET.fromstring(response.content)
+        except ET.ParseError as exc:
+            raise Unavailable(f"list {prefix}: malformed answer ({exc})") from None
+        contents: list[dict[str, str]] = []
+        prefixes: list[str] = []
+        fields: dict[str, str] = {}
+        for child in root:
+            tag = _local(child.tag)
+            if tag == "Contents":
+                contents.append(_children(child))
+            elif tag == "CommonPrefixes":
+                prefixes.extend(p.text or "" for p in child)
+            else:
+                fields[tag] = child.text or ""
+        if fields.get("EncodingType", "").lower() == "url":
+            for item in contents:
+                item["Key"] = unquote(item.get("Key", ""))
+            prefixes = [unquote(p) for p in prefixes]
+        truncated = fields.get("IsTruncated", "false").lower() == "true"
+        next_token = fields.get("NextContinuationToken") or None
+        if truncated and not next_token:
+            raise Unavailable(f"list {prefix}: truncated answer without a continuation token")
+        return contents, prefixes, next_token if truncated else None
+
+    async def list(self, path: str) -> AsyncIterator[Entry]:
+        prefix = self._key(path).rstrip("/") + "/" if path != "/" else self.settings.prefix
+        found: dict[str, Entry] = {}
+        hidden: list[str] = []
+        token: str | None = None
+        while True:
+            contents, prefixes, token = await self._list_page(prefix, token, "/", 1000)
+            for item in contents:
+                key = item.get("Key", "")
+                name = key[len(prefix):]
+                if not name:
+                    continue  # the directory's own marker
+                if not _usable(name) or "/" in name:
+                    hidden.append(key)
+                    continue
+                if name in found:  # already a directory: it wins
+                    hidden.append(key)
+                    continue
+                found[name] = self._file_entry(name, item)
+            for common in prefixes:
+                name = common[len(prefix):].removesuffix("/")
+                if not _usable(name) or "/" in name:
+                    hidden.append(common)
+                    continue
+                if name in found and not found[name].is_dir:
+                    hidden.append(prefix + name)
+                found[name] = Entry(name=name, kind=Kind.DIR, mtime_ns=self._started_ns)
+            if token is None:
+                break
+        if hidden:
+            self.counters_extra["hidden_keys"] += len(hidden)
+            if self._hidden_logged < 20:
+                self._hidden_logged += 1
+                log.warning("%s: %d key(s) cannot be shown as POSIX names and are hidden "
+                            "(e.g. %r)", path, len(hidden), hidden[0])
+        for entry in found.values():
+            yield entry
+
+    def _file_entry(self, name: str, item: Mapping[str, str]) -> Entry:
+        try:
+            size = int(item.get("Size", "0"))
+        except ValueError:
+            raise Unavailable(f"listing: bad size {item.get('Size')!r} for {name}") from None
+        storage = item.get("StorageClass", "")
+        return Entry(name=name, kind=Kind.FILE, size=size,
+                     mtime_ns=_iso_ns(item.get("LastModified", "")),
+                     version=item.get("ETag", "").strip('"'),
+                     metadata={"storage_class": storage} if storage else {})
+
+    async def stat(self, path: str) -> Entry:
+        if path == "/":
+            return Entry(name="", kind=Kind.DIR, mtime_ns=self._started_ns)
+        key = self._key(path)
+        name = path.rpartition("/")[2]
+        results: dict[str, Any] = {}
+
+        async def head() -> None:
+            try:
+                results["head"] = await self._head(key)
+            except NotFound:
+                results["head"] = None
+
+        async def under() -> None:
+            contents, prefixes, _ = await self._list_page(key + "/", None, "", 1)
+            results["dir"] = bool(contents or prefixes)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(head)
+            nursery.start_soon(under)
+        if results["dir"]:
+            return Entry(name=name, kind=Kind.DIR, mtime_ns=self._started_ns)
+        response = results["head"]
+        if response is None:
+            raise NotFound(path)
+        return self._head_entry(name, response)
+
+    async def _head(self, key: str) -> httpx.Response:
+        return await self._api().request("HEAD", self._url_path(key), what=f"HEAD {key}")
+
+    def _head_entry(self, name: str, response: httpx.Response) -> Entry:
+        headers = response.headers
+        return Entry(name=name, kind=Kind.FILE, size=int(headers.get("content-length", "0")),
+                     mtime_ns=_http_date_ns(headers.get("last-modified")),
+                     version=headers.get("etag", "").strip('"'),
+                     metadata={"storage_class": headers.get("x-amz-storage-class",
+                                                            "STANDARD")})
+
+    async def xattrs(self, path: str, entry: Entry) -> Mapping[str, bytes]:
+        if entry.is_dir:
+            return {}
+        response = await self._head(self._key(path))
+        headers = response.headers
+        attrs = {"s3.etag": headers.get("etag", "").strip('"').encode(),
+                 "s3.storage_class": headers.get("x-amz-storage-class", "STANDARD").encode()}
+        for name, value in headers.items():
+            if name.lower().startswith("x-amz-meta-"):
+                attrs[f"s3.meta.{name[11:].lower()}"] = value.encode()
+        return attrs
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _presign(self, key: str) -> str:
+        url = self._base + self._url_path(key)
+        if self._credentials is None:
+            return url
+        from botocore.auth import S3SigV4QueryAuth
+        from botocore.awsrequest import AWSRequest
+
+        request = AWSRequest(method="GET", url=url)
+        S3SigV4QueryAuth(self._credentials.get_frozen_credentials(), "s3",
+                         self.settings.region, expires=PRESIGN_SECONDS).add_auth(request)
+        return request.url
+
+    async def open(self, path: str, entry: Entry) -> _ReadHandle:
+        key = self._key(path)
+        return _ReadHandle(key, entry.version, self._presign(key), time.monotonic())
+
+    async def read(self, handle: _ReadHandle, offset: int, size: int) -> bytes | memoryview:
+        if time.monotonic() - handle.signed_at > PRESIGN_SECONDS / 2:
+            handle.url, handle.signed_at = self._presign(handle.key), time.monotonic()
+        assert self.reader is not None
+        headers = {"If-Match": f'"{handle.etag}"'} if handle.etag else None
+        return await self.reader.read(handle.url, offset, size, headers)
+
+    # -- writing ----------------------------------------------------------------------------
+
+    async def put(self, path: str, data: bytes | memoryview) -> Entry:
+        key = self._key(path)
+        body = _as_bytes(data)
+        response = await self._api().request(
+            "PUT", self._url_path(key), what=f"PUT {key}", content=body,
+            headers={"Content-MD5": await _md5_of(body)})
+        return Entry(name=path.rpartition("/")[2], kind=Kind.FILE, size=len(body),
+                     mtime_ns=time.time_ns(), version=response.headers.get("etag", "").strip('"'))
+
+    async def begin_upload(self, path: str) -> _MultipartUpload:
+        key = self._key(path)
+        upload_id = await self._create_multipart(key, {})
+        return _MultipartUpload(self, key, upload_id, path.rpartition("/")[2])
+
+    async def _create_multipart(self, key: str, headers: Mapping[str, str]) -> str:
+        response = await self._api().request(
+            "POST", self._url_path(key) + "?uploads", what=f"create upload {key}",
+            headers=dict(headers))
+        upload_id = _result(response, f"create upload {key}").get("UploadId")
+        if not upload_id:
+            raise Unavailable(f"create upload {key}: no UploadId in the answer")
+        return upload_id
+
+    async def mkdir(self, path: str) -> Entry:
+        key = self._key(path) + "/"
+        await self._api().request("PUT", self._url_path(key), what=f"mkdir {key}", content=b"",
+                                  headers={"Content-MD5": _md5_header(b"")})
+        return Entry(name=path.rpartition("/")[2], kind=Kind.DIR, mtime_ns=time.time_ns())
+
+    async def unlink(self, path: str) -> None:
+        key = self._key(path)
+        await self._api().request("DELETE", self._url_path(key), expect=(200, 204),
+                                  what=f"DELETE {key}")
+
+    async def rmdir(self, path: str) -> None:
+        marker = self._key(path) + "/"
+        contents, prefixes, _ = await self._list_page(marker, None, "", 2)
+        if prefixes or any(item.get("Key") != marker for item in contents):
+            raise NotEmpty(path)
+        await self._api().request("DELETE", self._url_path(marker), expect=(200, 204),
+                                  what=f"DELETE {marker}")
+
+    async def rename(self, old: str, new: str, entry: Entry) -> Entry:
+        if entry.is_dir:
+            raise CrossDevice(f"{old}: S3 cannot rename a directory in place (mv copies it)")
+        source, target = self._key(old), self._key(new)
+        etag = await self._copy(source, target, entry.size, None)
+        await self.unlink(old)
+        return Entry(name=new.rpartition("/")[2], kind=Kind.FILE, size=entry.size,
+                     mtime_ns=time.time_ns(), version=etag)
+
+    async def _copy(self, source: str, target: str, size: int,
+                    metadata: Mapping[str, str] | None) -> str:
+        """Server-side copy of ``source`` to ``target`` (``metadata``: replace the user
+        metadata with it; None: keep it). Returns the new ETag."""
+        copy_from = f"/{quote(self.settings.bucket)}/{quote(source, safe='/~')}"
+        headers = {"x-amz-copy-source": copy_from}
+        if metadata is not None:
+            headers["x-amz-metadata-directive"] = "REPLACE"
+            headers.update({f"x-amz-meta-{k}": v for k, v in metadata.items()})
+        if size <= COPY_MAX:
+            response = await self._api().request("PUT", self._url_path(target),
+                                                 what=f"copy {source} to {target}",
+                                                 headers=headers)
+            return _result(response, f"copy {source}").get("ETag", "").strip('"')
+        copy_source = headers.pop("x-amz-copy-source")
+        upload = _MultipartUpload(self, target, await self._create_multipart(target, {
+            k: v for k, v in headers.items() if k.startswith("x-amz-meta-")}), "")
+        try:
+            for number, offset in enumerate(range(0, size, COPY_PART), start=1):
+                last = min(offset + COPY_PART, size) - 1
+                response = await self._api().request(
+                    "PUT", self._url_path(target) + self._query(
+                        {"partNumber": str(number), "uploadId": upload.upload_id}),
+                    what=f"copy part {number} of {source}",
+                    headers={"x-amz-copy-source": copy_source,
+                             "x-amz-copy-source-range": f"bytes={offset}-{last}"})
+                upload.etags[number] = _result(response, "copy part").get("ETag", "")
+            return (await upload.commit(size)).version
+        except BaseException:
+            await upload.abort()
+            raise
+
+    async def _copy_in_place(self, path: str, entry: Entry,
+                             change: Mapping[str, str | None]) -> Entry:
+        """Copy an object onto itself with its user metadata changed (None: removed)."""
+        key = self._key(path)
+        head = await self._head(key)
+        metadata = {name[11:].lower(): value for name, value in head.headers.items()
+                    if name.lower().startswith("x-amz-meta-")}
+        for name, value in change.items():
+            if value is None:
+                if name not in metadata:
+                    raise NoSuchAttribute(f"{path}: no user.s3.meta.{name}")
+                del metadata[name]
+            else:
+                metadata[name] = value
+        size = int(head.headers.get("content-length", "0"))
+        etag = await self._copy(key, key, size, metadata)
+        return Entry(name=entry.name, kind=Kind.FILE, size=size, mtime_ns=time.time_ns(),
+                     version=etag or entry.version, metadata=entry.metadata)
+
+    async def set_xattr(self, path: str, entry: Entry, name: str, value: bytes | None) -> Entry:
+        if name in ("s3.etag", "s3.storage_class"):
+            raise NotPermitted(f"user.{name} is read-only")
+        if not name.startswith("s3.meta.") or entry.is_dir:
+            raise NotSupported(f"only files' user.s3.meta.* attributes can be set, not user.{name}")
+        key = name[len("s3.meta."):].lower()
+        if not key or not all(c.isalnum() or c in "-_." for c in key):
+            raise NotSupported(f"user.{name}: S3 metadata names are letters, digits, - _ .")
+        text = None
+        if value is not None:
+            try:
+                text = value.decode("ascii")
+            except UnicodeDecodeError:
+                raise NotSupported(f"user.{name}: S3 metadata values are ASCII") from None
+            if any(c in _UNSAFE_META for c in text):
+                raise NotSupported(f"user.{name}: S3 metadata values are one line")
+        return await self._copy_in_place(path, entry, {key: text})
+
+    async def set_mtime(self, path: str, entry: Entry, mtime_ns: int, now: bool) -> Entry:
+        if not now:
+            raise NotPermitted(f"{path}: S3 stores only the time of the upload")
+        return await self._copy_in_place(path, entry, {})
+
+    def counters(self) -> Mapping[str, int]:
+        counters: Counter[str] = Counter(self.counters_extra)
+        if self.api is not None:
+            counters.update({f"api_{k}": v for k, v in self.api.counters.items()})
+        if self.reader is not None:
+            counters.update({f"data_{k}": v for k, v in self.reader.counters.items()})
+        return counters
+
+
+def _result(response: httpx.Response, what: str) -> dict[str, str]:
+    """The fields of an XML answer; S3 may answer 200 with an ``<Error>`` body."""
+    try:
+        root = ET.fromstring(response.content) if response.content else None
+    except ET.ParseError:
+        raise Unavailable(f"{what}: malformed answer") from None
+    if root is None:
+        return {}
+    fields = _children(root)
+    if _local(root.tag) == "Error":
+        raise Unavailable(f"{what}: {fields.get('Code', '')}: {fields.get('Message', '')}")
+    return fields
+
+
+class _MultipartUpload(Upload):
+    def __init__(self, backend: S3Backend, key: str, upload_id: str, name: str) -> None:
+        self.backend = backend
+        self.key = key
+        self.upload_id = upload_id
+        self.name = name
+        self.etags: dict[int, str] = {}
+
+    def _target(self, params: Mapping[str, str]) -> str:
+        return self.backend._url_path(self.key) + self.backend._query(params)
+
+    async def write_part(self, number: int, offset: int, data: memoryview) -> None:
+        body = _as_bytes(data)
+        response = await self.backend._api().request(
+            "PUT", self._target({"partNumber": str(number), "uploadId": self.upload_id}),
+            what=f"part {number} of {self.key}", content=body,
+            headers={"Content-MD5": await _md5_of(body)})
+        etag = response.headers.get("etag")
+        if not etag:
+            raise Unavailable(f"part {number} of {self.key}: no ETag in the answer")
+        self.etags[number] = etag
+
+    async def commit(self, size: int) -> Entry:
+        numbers = sorted(self.etags)
+        if numbers != list(range(1, len(numbers) + 1)):
+            raise Unavailable(f"upload of {self.key}: parts {numbers} are not contiguous")
+        body = "<CompleteMultipartUpload>" + "".join(
+            f"<Part><PartNumber>{n}</PartNumber><ETag>{_xml_escape(self.etags[n])}</ETag></Part>"
+            for n in numbers) + "</CompleteMultipartUpload>"
+        response = await self.backend._api().request(
+            "POST", self._target({"uploadId": self.upload_id}), what=f"complete {self.key}",
+            content=body.encode())
+        etag = _result(response, f"complete {self.key}").get("ETag", "").strip('"')
+        return Entry(name=self.name, kind=Kind.FILE, size=size, mtime_ns=time.time_ns(),
+                     version=etag)
+
+    async def abort(self) -> None:
+        try:
+            await self.backend._api().request(
+                "DELETE", self._target({"uploadId": self.upload_id}), expect=(200, 204, 404),
+                what=f"abort upload of {self.key}")
+        except RucioFsError as exc:
+            log.warning("abort of the upload of %s failed: %s", self.key, exc)
+
+
+def _xml_escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -1,0 +1,432 @@
+"""Files being written: staged on local disk, handed to the backend at flush.
+
+Contract:
+
+* A :class:`DirtyFile` holds one file's new content in a staging file, which is the truth
+  until the backend has committed it; reads of the file are served from it meanwhile.
+* A file written from empty by appends streams to the backend as parts while the writer is
+  still writing. At most ``parts_in_flight`` parts of all files are in memory at once; a writer
+  waits when that many are on their way. A write or truncate below what was already streamed
+  abandons the streamed parts; the staged file is then uploaded whole at commit.
+* ``commit`` (flush, fsync, close) uploads and raises on failure, so ``close`` reports it. The
+  staged data stays and the next commit tries again. A file still dirty at its last close
+  stays *pending* (``rucio-fs uploads`` lists it) until a commit succeeds or it is discarded.
+  At unmount every pending file gets one more try; what still fails is kept in the staging
+  directory beside a ``.json`` sidecar naming the mount URL and the path: never lost silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import logging
+import os
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import trio
+
+from .backend import Entry, Kind, Upload
+from .errors import RucioFsError, Unavailable
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
+
+log = logging.getLogger(__name__)
+
+#: Parts of all files being uploaded at once (each is in memory while on its way).
+PARTS_IN_FLIGHT = 8
+#: The most parts an upload may have (S3's limit); larger files get larger parts.
+MAX_PARTS = 10_000
+#: Bytes copied per step when a file's old content is staged before modifying it.
+COPY_CHUNK = 8 << 20
+
+
+def _pread_exact(fd: int, offset: int, size: int) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:  # the staging file is ours alone: this is a local disk failure
+        raise Unavailable(f"staging file: read {len(data)} of {size} bytes at {offset}")
+    return data
+
+
+class DirtyFile:
+    """One file's pending content. Every method runs on the trio loop; mutations hold
+    ``lock``, so a commit uploads a consistent snapshot."""
+
+    def __init__(self, writeback: WriteBack, path: str, base: Entry | None) -> None:
+        self.wb = writeback
+        self.path = path
+        #: The committed entry this content replaces (None: the file is new).
+        self.base = base
+        self.staging_path, self.fd = writeback.new_staging_file()
+        self.size = 0
+        #: Whether the staging file holds the whole content (else: the base's, unread).
+        self.materialized = base is None or base.size == 0
+        self.dirty = base is None
+        self.writers = 0
+        self.unlinked = False
+        self.mtime_ns = time.time_ns()
+        self.error: str = ""
+        self.lock = trio.Lock()
+        self._generation = next(writeback.generations)
+        # Streaming upload state: parts [0, frontier) are on their way or stored.
+        self.streaming = self.materialized
+        self.frontier = 0
+        self._upload: Upload | None = None
+        self._next_part = 1
+        self._in_flight = 0
+        self._parts_done = trio.Event()
+        self._part_error: BaseException | None = None
+        self._file_slots = trio.Semaphore(max(1, writeback.catalog.backend.upload_parallelism))
+
+    # -- what the FUSE layer sees ---------------------------------------------------------
+
+    def entry(self) -> Entry:
+        """The file's attributes as they are locally."""
+        name = self.path.rpartition("/")[2]
+        size = self.size if self.materialized else (self.base.size if self.base else 0)
+        base = self.base or Entry(name=name, kind=Kind.FILE)
+        return replace(base, name=name, size=size, mtime_ns=self.mtime_ns, immutable=False,
+                       version=f"local:{self._generation}:{self.mtime_ns}:{size}",
+                       checksums={})
+
+    def read(self, offset: int, size: int) -> bytes | None:
+        """Bytes of the local content, or None while it is still the base's (read that)."""
+        if not self.materialized:
+            return None
+        size = min(size, self.size - offset)
+        return os.pread(self.fd, size, offset) if size > 0 else b""
+
+    # -- changes --------------------------------------------------------------------------
+
+    async def write(self, offset: int, data: bytes | memoryview) -> int:
+        async with self.lock:
+            await self._materialize()
+            written = os.pwrite(self.fd, data, offset)
+            if offset < self.frontier:
+                await self.stop_streaming("a write below the streamed part")
+            self.size = max(self.size, offset + written)
+            self._touch()
+            await self._stream_parts(final=False)
+            return written
+
+    async def truncate(self, size: int) -> None:
+        async with self.lock:
+            if size == 0:
+                await self.stop_streaming("")
+                self.materialized = self.streaming = True
+            else:
+                await self._materialize()
+                if size < self.frontier:
+                    await self.stop_streaming("a truncate below the streamed part")
+            os.ftruncate(self.fd, size)
+            self.size = size
+            self._touch()
+
+    def set_mtime(self, mtime_ns: int) -> None:
+        self.mtime_ns = mtime_ns
+
+    def _touch(self) -> None:
+        self.dirty = True
+        self.error = ""
+        self.mtime_ns = time.time_ns()
+        self._generation = next(self.wb.generations)
+
+    async def _materialize(self) -> None:
+        """Copy the base's content into the staging file before it is modified."""
+        if self.materialized:
+            return
+        assert self.base is not None
+        catalog, base = self.wb.catalog, self.base
+        handle = await catalog.open(self.path, base)
+        try:
+            for offset in range(0, base.size, COPY_CHUNK):
+                data = await catalog.read(self.path, base, handle, offset,
+                                          min(COPY_CHUNK, base.size - offset))
+                os.pwrite(self.fd, data, offset)
+        finally:
+            await catalog.close(handle)
+        self.size = base.size
+        self.materialized = True
+        self.streaming = False
+
+    # -- uploading ------------------------------------------------------------------------
+
+    async def commit(self) -> Entry | None:
+        """Upload the content if it changed; returns the new entry (None: nothing to do).
+        Raises the upload's error; the content stays staged for the next try."""
+        async with self.lock:
+            if not self.dirty or self.unlinked:
+                return None
+            generation = self._generation
+            try:
+                entry = await self._upload_content()
+            except RucioFsError as exc:
+                self.error = str(exc)
+                raise
+            except trio.Cancelled:
+                await self.stop_streaming("")
+                raise
+            # The new content is stored: further writes start over from the staged file.
+            self.base = replace(entry, name=self.path.rpartition("/")[2])
+            self.dirty = generation != self._generation
+            self.streaming = False
+            self.wb.catalog.committed(self.path, self.base)
+            return self.base
+
+    async def _upload_content(self) -> Entry:
+        backend = self.wb.catalog.backend
+        if self._upload is not None and self.streaming:
+            try:
+                return await self._finish_parts()
+            except RucioFsError as exc:
+                log.info("%s: streamed upload failed (%s); uploading the staged file whole",
+                         self.path, exc)
+        await self.stop_streaming("")
+        if self.size <= backend.single_put_max:
+            data = await trio.to_thread.run_sync(_pread_exact, self.fd, 0, self.size)
+            return await self.wb.catalog.timed(
+                "put", lambda: backend.put(self.path, memoryview(data)))
+        return await self._finish_parts()
+
+    def _part_size(self, number: int) -> int:
+        """Parts grow with the file so that any size fits in :data:`MAX_PARTS`."""
+        base = self.wb.catalog.backend.upload_part_size
+        return base << min((number - 1) // (MAX_PARTS // 10), 20)
+
+    async def _stream_parts(self, final: bool) -> None:
+        """Send every complete part past the frontier (and, if ``final``, the rest)."""
+        if not self.streaming:
+            return
+        if self._part_error is not None and not final:
+            await self.stop_streaming(f"a part failed: {self._part_error}")
+            return
+        while True:
+            remaining = self.size - self.frontier
+            part = self._part_size(self._next_part)
+            if remaining < part and not (final and (remaining > 0 or self._next_part == 1)):
+                return
+            if self._upload is None:
+                if not final and self.size <= self.wb.catalog.backend.single_put_max:
+                    return
+                try:
+                    self._upload = await self.wb.catalog.timed(
+                        "begin_upload", lambda: self.wb.catalog.backend.begin_upload(self.path))
+                except RucioFsError as exc:
+                    await self.stop_streaming(f"begin failed: {exc}")
+                    if final:
+                        raise
+                    return
+            length = min(part, remaining)
+            await self.wb.part_slots.acquire()
+            await self._file_slots.acquire()
+            self._in_flight += 1
+            self.wb.spawn(self._send_part, self._upload, self._next_part, self.frontier, length)
+            self._next_part += 1
+            self.frontier += length
+            if final and self.frontier >= self.size:
+                return
+
+    async def _send_part(self, upload: Upload, number: int, offset: int, length: int) -> None:
+        try:
+            data = await trio.to_thread.run_sync(_pread_exact, self.fd, offset, length)
+            await self.wb.catalog.timed(
+                "write_part", lambda: upload.write_part(number, offset, memoryview(data)))
+        except Exception as exc:  # reported by the commit that waits for this part
+            if self._part_error is None:
+                self._part_error = exc
+        finally:
+            self.wb.part_slots.release()
+            self._file_slots.release()
+            self._in_flight -= 1
+            done, self._parts_done = self._parts_done, trio.Event()
+            done.set()
+
+    async def _wait_parts(self) -> None:
+        while self._in_flight:
+            await self._parts_done.wait()
+
+    async def _finish_parts(self) -> Entry:
+        if self._upload is None:
+            self.frontier, self._next_part, self.streaming = 0, 1, True
+        self.streaming = True
+        await self._stream_parts(final=True)
+        await self._wait_parts()
+        upload, self._upload = self._upload, None
+        assert upload is not None
+        error, self._part_error = self._part_error, None
+        if error is not None:
+            await _abort(upload, self.path)
+            self.streaming = False
+            if isinstance(error, RucioFsError):
+                raise error
+            raise Unavailable(f"{self.path}: part upload failed: {error!r}") from error
+        try:
+            return await self.wb.catalog.timed("commit_upload", lambda: upload.commit(self.size))
+        except BaseException:
+            await _abort(upload, self.path)
+            self.streaming = False
+            raise
+
+    async def stop_streaming(self, why: str) -> None:
+        """Abandon streamed parts; the next commit uploads the staged file whole."""
+        if why and self._upload is not None:
+            log.debug("%s: streaming stopped (%s)", self.path, why)
+        await self._wait_parts()
+        upload, self._upload = self._upload, None
+        self._part_error = None
+        if upload is not None:
+            await _abort(upload, self.path)
+        self.frontier, self._next_part, self.streaming = 0, 1, False
+
+    def close_staging(self, keep: bool) -> None:
+        """Close the staging file; delete it unless ``keep`` (then write its sidecar)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        if keep:
+            with open(self.staging_path + ".json", "w") as sidecar:
+                json.dump({"url": self.wb.url, "path": self.path, "size": self.size,
+                           "error": self.error}, sidecar)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.staging_path)
+
+
+async def _abort(upload: Upload, path: str) -> None:
+    with trio.move_on_after(30) as scope:
+        try:
+            await upload.abort()
+        except Exception as exc:
+            log.warning("%s: aborting an upload failed: %s", path, exc)
+    if scope.cancelled_caught:
+        log.warning("%s: aborting an upload timed out", path)
+
+
+class WriteBack:
+    """The files of one mount that are being written or wait for a successful upload,
+    by catalog path (renames re-key them)."""
+
+    def __init__(self, catalog: Catalog, staging_dir: str, url: str,
+                 parts_in_flight: int = PARTS_IN_FLIGHT) -> None:
+        self.catalog = catalog
+        self.url = url
+        self.staging_dir = staging_dir
+        self.files: dict[str, DirtyFile] = {}
+        self.part_slots = trio.Semaphore(parts_in_flight)
+        self.generations = itertools.count(1)
+        #: Where part uploads run; set by the daemon.
+        self.nursery: trio.Nursery | None = None
+        self._names = itertools.count(1)
+
+    def spawn(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
+        assert self.nursery is not None, "WriteBack.nursery is not set"
+        self.nursery.start_soon(fn, *args)
+
+    def new_staging_file(self) -> tuple[str, int]:
+        os.makedirs(self.staging_dir, mode=0o700, exist_ok=True)
+        while True:
+            path = os.path.join(self.staging_dir, f"{os.getpid()}-{next(self._names)}.data")
+            try:
+                return path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                continue
+
+    def get(self, path: str) -> DirtyFile | None:
+        return self.files.get(path)
+
+    def open(self, path: str, base: Entry | None) -> DirtyFile:
+        """The dirty file of ``path`` (new if none), with one more writer."""
+        dirty = self.files.get(path)
+        if dirty is None:
+            dirty = self.files[path] = DirtyFile(self, path, base)
+        dirty.writers += 1
+        return dirty
+
+    async def release(self, dirty: DirtyFile, raise_errors: bool = False) -> None:
+        """One writer is gone; after the last, upload what is left and forget the file
+        (or keep it pending when the upload fails; ``raise_errors``: and raise)."""
+        dirty.writers -= 1
+        if dirty.writers > 0:
+            return
+        if dirty.unlinked:
+            dirty.close_staging(keep=False)
+            return
+        try:
+            await dirty.commit()
+        except RucioFsError as exc:
+            log.error("%s: upload failed: %s; the data stays staged in %s and is retried at "
+                      "the next close or fsync, or by `rucio-fs uploads --retry`",
+                      dirty.path, exc, dirty.staging_path)
+            if raise_errors:
+                raise
+            return
+        self._forget(dirty)
+
+    def _forget(self, dirty: DirtyFile) -> None:
+        if self.files.get(dirty.path) is dirty:
+            del self.files[dirty.path]
+        dirty.close_staging(keep=False)
+
+    async def unlinked(self, path: str) -> DirtyFile | None:
+        """``path`` was removed: its pending content must never be uploaded."""
+        dirty = self.files.pop(path, None)
+        if dirty is not None:
+            dirty.unlinked = True
+            async with dirty.lock:
+                await dirty.stop_streaming("")
+            if dirty.writers == 0:
+                dirty.close_staging(keep=False)
+        return dirty
+
+    async def renamed(self, old: str, new: str) -> None:
+        """Pending files at ``old`` (or below it, for a directory) move to ``new``."""
+        below = old + "/"
+        for path in [p for p in self.files if p == old or p.startswith(below)]:
+            target = new + path[len(old):]
+            await self.unlinked(target)
+            dirty = self.files.pop(path)
+            dirty.path = target
+            self.files[target] = dirty
+
+    def pending(self) -> list[DirtyFile]:
+        """Files with no writer left whose upload failed."""
+        return [d for d in self.files.values() if d.writers == 0 and d.dirty]
+
+    async def retry(self) -> list[tuple[str, str]]:
+        """Commit every pending file; returns (path, error) of those that failed again."""
+        failed = []
+        for dirty in self.pending():
+            try:
+                await dirty.commit()
+            except RucioFsError as exc:
+                failed.append((dirty.path, str(exc)))
+            else:
+                self._forget(dirty)
+        return failed
+
+    def discard(self, path: str) -> bool:
+        """Drop the pending content of ``path`` (its catalog content stays as it was)."""
+        dirty = self.files.get(path)
+        if dirty is None or dirty.writers:
+            return False
+        self._forget(dirty)
+        self.catalog.discarded(path, dirty.base)
+        return True
+
+    async def shutdown(self) -> None:
+        """At unmount: one last try for everything dirty; keep (with a sidecar) what fails."""
+        for dirty in list(self.files.values()):
+            if dirty.fd < 0:
+                continue
+            try:
+                await dirty.commit()
+            except RucioFsError as exc:
+                dirty.close_staging(keep=True)
+                log.error("%s: not uploaded (%s); its data is kept in %s", dirty.path, exc,
+                          dirty.staging_path)
+            else:
+                dirty.close_staging(keep=False)
+        self.files.clear()

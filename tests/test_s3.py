@@ -1,0 +1,309 @@
+"""The S3 backend through real mounts against real servers: versitygw (the main server) and
+moto (for keys a posix-backed server cannot hold)."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import random
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, wait_for
+from fault_proxy import fault_proxy
+
+MiB = 1 << 20
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def mount_s3(mount_fs, endpoint: str, prefix: str, *options: str):
+    return mount_fs(f"s3://test/{prefix}", "-o", f"endpoint_url={endpoint}", *options)
+
+
+def server_keys(client, prefix: str) -> dict[str, dict]:
+    keys = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket="test",
+                                                                 Prefix=prefix + "/"):
+        for item in page.get("Contents", []):
+            keys[item["Key"][len(prefix) + 1:]] = item
+    return keys
+
+
+def multipart_etag(data: bytes, part_size: int) -> str:
+    if len(data) <= part_size:
+        return hashlib.md5(data).hexdigest()
+    parts = [data[i:i + part_size] for i in range(0, len(data), part_size)]
+    digest = hashlib.md5(b"".join(hashlib.md5(p).digest() for p in parts)).hexdigest()
+    return f"{digest}-{len(parts)}"
+
+
+def test_listing_10000_objects_costs_its_pages_and_reads_verify(mount_fs, s3_server):
+    prefix = unique("many")
+    objects = {f"obj{i:05d}.dat": f"object {i}\n".encode() * (i % 7 + 1) for i in range(10_000)}
+    s3_server.seed(prefix, objects)
+    mnt = mount_s3(mount_fs, s3_server.endpoint, prefix)
+    before = mnt.stats()["backend_counters"]["api_requests"]
+    names = sorted(os.listdir(mnt.path))
+    assert names == sorted(objects)
+    sizes = {name: os.stat(mnt.path / name).st_size for name in names}
+    assert sizes == {name: len(data) for name, data in objects.items()}
+    requests = mnt.stats()["backend_counters"]["api_requests"] - before
+    assert requests == 10, f"10 pages of 1,000 keys, no HEAD per entry (made {requests})"
+    for name in random.Random(1).sample(names, 25):
+        assert (mnt.path / name).read_bytes() == objects[name]
+
+
+@pytest.mark.parametrize("size", [0, 1, 5 * MiB - 1, 5 * MiB + 1, 200 * MiB],
+                         ids=["0B", "1B", "5MiB-1", "5MiB+1", "200MiB"])
+def test_written_files_read_back_identical_with_s3_etags(mount_fs, s3_server, tmp_path, size):
+    prefix = unique("sizes")
+    mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "-o", "part_size=5M")
+    data = random.Random(size).randbytes(size)
+    source = tmp_path / "source"
+    source.write_bytes(data)
+    subprocess.run(["cp", str(source), str(mnt.path / "file")], check=True)
+    head = s3_server.client().head_object(Bucket="test", Key=f"{prefix}/file")
+    assert head["ContentLength"] == size
+    assert head["ETag"].strip('"') == multipart_etag(data, 5 * MiB)
+    body = s3_server.client().get_object(Bucket="test", Key=f"{prefix}/file")["Body"].read()
+    assert body == data
+    mnt.drop()
+    assert (mnt.path / "file").read_bytes() == data
+    assert os.stat(mnt.path / "file").st_size == size
+    if size > 5 * MiB:
+        assert mnt.backend_calls("write_part") == (size + 5 * MiB - 1) // (5 * MiB)
+
+
+def test_cp_r_of_500_files_then_rm_r_match_the_server(mount_fs, s3_server, tmp_path):
+    prefix = unique("tree")
+    tree = tmp_path / "tree"
+    expected = {}
+    rng = random.Random(5)
+    for i in range(500):
+        rel = f"d{i % 10}/e{i % 3}/f{i:03d}.txt"
+        data = rng.randbytes(rng.randrange(0, 4000))
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_bytes(data)
+        expected[f"tree/{rel}"] = hashlib.md5(data).hexdigest()
+    mnt = mount_s3(mount_fs, s3_server.endpoint, prefix)
+    subprocess.run(["cp", "-r", str(tree), str(mnt.path)], check=True)
+    files = {k: v["ETag"].strip('"') for k, v in server_keys(s3_server.client(), prefix).items()
+             if not k.endswith("/")}
+    assert files == expected
+    listed = sorted(str(p.relative_to(mnt.path)) for p in mnt.path.rglob("*") if p.is_file())
+    assert listed == sorted(expected)
+    subprocess.run(["rm", "-r", str(mnt.path / "tree")], check=True)
+    assert server_keys(s3_server.client(), prefix) == {}
+    assert os.listdir(mnt.path) == []
+
+
+def test_namespace_operations(mount_fs, s3_server):
+    prefix = unique("ops")
+    mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "--xattrs")
+    root = mnt.path
+    (root / "dir").mkdir()
+    (root / "dir" / "a").write_bytes(b"alpha")
+    with pytest.raises(OSError) as exc:
+        (root / "dir").rmdir()
+    assert exc.value.errno == errno.ENOTEMPTY
+    os.rename(root / "dir" / "a", root / "b")
+    assert (root / "b").read_bytes() == b"alpha"
+    assert not (root / "dir" / "a").exists()
+    (root / "dir").rmdir()
+    assert sorted(server_keys(s3_server.client(), prefix)) == ["b"]
+    # Directories cannot be renamed in place: EXDEV, and mv copies instead.
+    (root / "d2").mkdir()
+    (root / "d2" / "x").write_bytes(b"x")
+    with pytest.raises(OSError) as exc:
+        os.rename(root / "d2", root / "d3")
+    assert exc.value.errno == errno.EXDEV
+    subprocess.run(["mv", str(root / "d2"), str(root / "d3")], check=True)
+    assert (root / "d3" / "x").read_bytes() == b"x"
+    # Truncate and append rewrite the object.
+    os.truncate(root / "b", 2)
+    assert (root / "b").read_bytes() == b"al"
+    with open(root / "b", "ab") as f:
+        f.write(b"pine")
+    assert (root / "b").read_bytes() == b"alpine"
+    mnt.drop()
+    assert (root / "b").read_bytes() == b"alpine"
+    # What S3 cannot store is refused, never pretended.
+    for call in (lambda: os.chmod(root / "b", 0o600),
+                 lambda: os.utime(root / "b", (1_000_000, 1_000_000))):
+        with pytest.raises(OSError) as exc:
+            call()
+        assert exc.value.errno == errno.EPERM
+    os.chmod(root / "b", 0o644)  # what it already is
+    before = os.stat(root / "b").st_mtime
+    time.sleep(1.1)
+    os.utime(root / "b")  # touch: now
+    assert os.stat(root / "b").st_mtime > before
+    # xattrs: etag, storage class, user metadata written back.
+    etag = os.getxattr(root / "b", "user.s3.etag").decode()
+    assert etag == hashlib.md5(b"alpine").hexdigest()
+    assert os.getxattr(root / "b", "user.s3.storage_class") == b"STANDARD"
+    os.setxattr(root / "b", "user.s3.meta.experiment", b"ligo")
+    head = s3_server.client().head_object(Bucket="test", Key=f"{prefix}/b")
+    assert head["Metadata"] == {"experiment": "ligo"}
+    assert os.getxattr(root / "b", "user.s3.meta.experiment") == b"ligo"
+    os.removexattr(root / "b", "user.s3.meta.experiment")
+    assert "user.s3.meta.experiment" not in os.listxattr(root / "b")
+    with pytest.raises(OSError) as exc:
+        os.setxattr(root / "b", "user.s3.etag", b"x")
+    assert exc.value.errno == errno.EPERM
+    assert (root / "b").read_bytes() == b"alpine"
+
+
+def test_odd_keys_follow_the_documented_rule_on_moto(mount_fs, s3_server):
+    prefix = unique("odd")
+    client = s3_server.client(s3_server.moto)
+    keys = {"a//b": b"1", "x/../y": b"2", "./dot": b"3", "k": b"object k",
+            "k/child": b"child", "sp ace+plus%25\u00e9": b"odd name", "ok": b"fine"}
+    for key, body in keys.items():
+        client.put_object(Bucket="test", Key=f"{prefix}/{key}", Body=body)
+    mnt = mount_s3(mount_fs, s3_server.moto, prefix)
+    assert sorted(os.listdir(mnt.path)) == sorted(["a", "x", "k", "ok", "sp ace+plus%25\u00e9"])
+    assert (mnt.path / "k").is_dir() and (mnt.path / "k" / "child").read_bytes() == b"child"
+    assert os.listdir(mnt.path / "a") == [] and os.listdir(mnt.path / "x") == []
+    assert (mnt.path / "sp ace+plus%25\u00e9").read_bytes() == b"odd name"
+    assert not (mnt.path / "y").exists()
+    assert mnt.stats()["backend_counters"]["hidden_keys"] >= 3
+    assert "cannot be shown as POSIX names" in mnt.log_text()
+    (mnt.path / "new +%é").write_bytes(b"written")
+    body = client.get_object(Bucket="test", Key=f"{prefix}/new +%é")["Body"].read()
+    assert body == b"written"
+
+
+def test_wrong_credentials_and_missing_bucket_are_one_line_errors(s3_server, tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = {**os.environ, "AWS_SECRET_ACCESS_KEY": "wrong"}
+    result = run_cli("mount", "s3://test", str(mnt), "-o", f"endpoint_url={s3_server.endpoint}",
+                     env=env)
+    assert result.returncode == 1
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "denied" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("mount", "s3://no-such-bucket", str(mnt), "-o",
+                     f"endpoint_url={s3_server.endpoint}")
+    assert result.returncode == 1
+    assert "does not exist" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert os.listdir(mnt) == []
+
+
+def test_throttling_is_backed_off_and_retried(mount_fs, s3_server):
+    prefix = unique("slow")
+    s3_server.seed(prefix, {"f": b"throttled but fine"})
+    with fault_proxy(s3_server.endpoint) as proxy:
+        mnt = mount_s3(mount_fs, proxy.url, prefix)
+        proxy.inject("slowdown", "list-type=2", times=2)
+        assert sorted(os.listdir(mnt.path)) == ["f"]
+        assert not (mnt.path / "g").exists()
+        proxy.inject("slowdown", f"/test/{prefix}/g", times=2)
+        (mnt.path / "g").write_bytes(b"written while throttled")
+        assert mnt.stats()["backend_counters"]["api_retries"] >= 4
+    body = s3_server.client().get_object(Bucket="test", Key=f"{prefix}/g")["Body"].read()
+    assert body == b"written while throttled"
+
+
+def test_server_down_gives_eio_then_recovers_and_failed_uploads_are_kept(mount_fs, s3_server):
+    prefix = unique("down")
+    mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "--timeout", "10")
+    (mnt.path / "before").write_bytes(b"up")
+    f = open(mnt.path / "late", "wb")  # noqa: SIM115 - close is what is tested
+    s3_server.control("stop-gw")
+    try:
+        start = time.monotonic()
+        with pytest.raises(OSError) as exc:
+            os.stat(mnt.path / "unknown-name")
+        assert exc.value.errno == errno.EIO and time.monotonic() - start < 10
+        # A write whose upload fails: close reports it, the data stays staged.
+        f.write(b"must not be lost")
+        with pytest.raises(OSError) as exc:
+            f.close()
+        assert exc.value.errno == errno.EIO
+        assert (mnt.path / "late").read_bytes() == b"must not be lost"
+        listed = run_cli("uploads", str(mnt.path))
+        assert listed.returncode == 1 and "pending /late" in listed.stdout
+    finally:
+        s3_server.control("start-gw")
+    assert (mnt.path / "before").read_bytes() == b"up"
+    retried = run_cli("uploads", str(mnt.path), "--retry")
+    assert retried.returncode == 0, retried.stdout + retried.stderr
+    body = s3_server.client().get_object(Bucket="test", Key=f"{prefix}/late")["Body"].read()
+    assert body == b"must not be lost"
+    wait_for(lambda: "no pending uploads" in run_cli("uploads", str(mnt.path)).stdout)
+
+
+def test_pending_upload_can_be_discarded(mount_fs, s3_server):
+    prefix = unique("discard")
+    mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "--timeout", "10")
+    f = open(mnt.path / "doomed", "wb")  # noqa: SIM115 - close is what is tested
+    s3_server.control("stop-gw")
+    try:
+        f.write(b"x")
+        with pytest.raises(OSError):
+            f.close()
+        result = run_cli("uploads", str(mnt.path), "--discard", str(mnt.path / "doomed"))
+        assert "discarded /doomed" in result.stdout and result.returncode == 0
+    finally:
+        s3_server.control("start-gw")
+    assert not (mnt.path / "doomed").exists()
+
+
+def test_unmount_keeps_what_could_not_be_uploaded(mount_fs, s3_server, tmp_path):
+    prefix = unique("kept")
+    staging = tmp_path / "staging"
+    mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "--timeout", "5",
+                   "--staging-dir", str(staging))
+    f = open(mnt.path / "kept", "wb")  # noqa: SIM115 - close is what is tested
+    s3_server.control("stop-gw")
+    try:
+        f.write(b"keep me")
+        with pytest.raises(OSError):
+            f.close()
+        assert run_cli("unmount", str(mnt.path)).returncode == 0
+    finally:
+        s3_server.control("start-gw")
+    sidecars = list(staging.glob("*.json"))
+    assert len(sidecars) == 1
+    assert Path(str(sidecars[0])[:-5]).read_bytes() == b"keep me"
+    assert '"/kept"' in sidecars[0].read_text()
+
+
+def test_credentials_from_a_shared_file_and_profile(mount_fs, s3_server, tmp_path):
+    prefix = unique("profile")
+    s3_server.seed(prefix, {"f": b"via profile"})
+    credentials = tmp_path / "credentials"
+    credentials.write_text(f"[lab]\naws_access_key_id = {s3_server.env['AWS_ACCESS_KEY_ID']}\n"
+                           f"aws_secret_access_key = {s3_server.env['AWS_SECRET_ACCESS_KEY']}\n")
+    saved = {k: os.environ.pop(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(credentials)
+    os.environ["AWS_CONFIG_FILE"] = str(tmp_path / "no-config")
+    try:
+        mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "-o", "profile=lab")
+        assert (mnt.path / "f").read_bytes() == b"via profile"
+    finally:
+        os.environ.update(saved)
+        del os.environ["AWS_SHARED_CREDENTIALS_FILE"], os.environ["AWS_CONFIG_FILE"]
+
+
+@pytest.mark.parametrize("url, options, message", [
+    ("s3://Bad_Bucket", (), "not a valid S3 bucket name"),
+    ("s3://test", ("-o", "nope=1"), "unknown s3 option(s) nope"),
+    ("s3://test", ("-o", "part_size=1M"), "at least 5M"),
+    ("s3://test", ("-o", "endpoint_url=ftp://x"), "not an http(s) URL"),
+    ("s3://test", ("-o", "profile=missing"), "AWS configuration"),
+])
+def test_bad_s3_input_is_one_line(s3_server, tmp_path, url, options, message):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = run_cli("mount", url, str(mnt), *options)
+    assert result.returncode == 1
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
