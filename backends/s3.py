@@ -31,6 +31,7 @@ copy-in-place.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import html
 import logging
@@ -39,9 +40,10 @@ import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from email.utils import parsedate_to_datetime
+from types import MappingProxyType
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
 
@@ -95,11 +97,19 @@ async def _md5_of(body: bytes) -> str:
     return await trio.to_thread.run_sync(_md5_header, body)
 
 
+@functools.lru_cache(maxsize=4096)
 def _iso_ns(text: str) -> int:
+    """Nanoseconds of an ISO 8601 time (cached: objects written together share times)."""
     try:
         return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1e9)
     except ValueError:
         return 0
+
+
+@functools.lru_cache(maxsize=64)
+def _storage_class(name: str) -> Mapping[str, str]:
+    """One shared, read-only metadata mapping per storage class."""
+    return MappingProxyType({"storage_class": name} if name else {})
 
 
 def _http_date_ns(text: str | None) -> int:
@@ -289,10 +299,10 @@ class S3Backend(Backend):
 
     async def list(self, path: str) -> AsyncIterator[Entry]:
         prefix = self._key(path).rstrip("/") + "/" if path != "/" else self.settings.prefix
-        found: dict[str, Entry] = {}
-        hidden: list[str] = []
+        page = _PageFolder(prefix, self._file_entry,
+                           Entry(name="", kind=Kind.DIR, mtime_ns=self._started_ns))
         # Each page is parsed in a worker thread while the next one is being fetched, so
-        # parsing overlaps the server's work on the next page.
+        # parsing overlaps the server's work; its entries go out page by page.
         body = await self._fetch_page(prefix, None, "/", 1000)
         while True:
             token = _next_token(body, prefix)
@@ -304,55 +314,28 @@ class S3Backend(Backend):
             async with trio.open_nursery() as nursery:
                 if token is not None:
                     nursery.start_soon(fetch)
-                await trio.to_thread.run_sync(self._absorb_page, body, prefix, found, hidden)
+                ready = await trio.to_thread.run_sync(page.fold, body, token is None)
+            for entry in ready:
+                yield entry
             if token is None:
                 break
             body = following["body"]
-        if hidden:
-            self.counters_extra["hidden_keys"] += len(hidden)
+        if page.hidden:
+            self.counters_extra["hidden_keys"] += len(page.hidden)
             if self._hidden_logged < 20:
                 self._hidden_logged += 1
                 log.warning("%s: %d key(s) cannot be shown as POSIX names and are hidden "
-                            "(e.g. %r)", path, len(hidden), hidden[0])
-        for entry in found.values():
-            yield entry
-
-    def _absorb_page(self, body: bytes, prefix: str, found: dict[str, Entry],
-                     hidden: list[str]) -> None:
-        """Add a page's objects and common prefixes to ``found`` by name, applying the rule
-        for keys that cannot be POSIX names (``hidden``)."""
-        contents, prefixes = _parse_page(body, prefix)
-        for item in contents:
-            key = item.get("Key", "")
-            name = key[len(prefix):]
-            if not name:
-                continue  # the directory's own marker
-            if not _usable(name) or "/" in name:
-                hidden.append(key)
-                continue
-            if name in found:  # already a directory: it wins
-                hidden.append(key)
-                continue
-            found[name] = self._file_entry(name, item)
-        for common in prefixes:
-            name = common[len(prefix):].removesuffix("/")
-            if not _usable(name) or "/" in name:
-                hidden.append(common)
-                continue
-            if name in found and not found[name].is_dir:
-                hidden.append(prefix + name)
-            found[name] = Entry(name=name, kind=Kind.DIR, mtime_ns=self._started_ns)
+                            "(e.g. %r)", path, len(page.hidden), page.hidden[0])
 
     def _file_entry(self, name: str, item: Mapping[str, str]) -> Entry:
         try:
             size = int(item.get("Size", "0"))
         except ValueError:
             raise Unavailable(f"listing: bad size {item.get('Size')!r} for {name}") from None
-        storage = item.get("StorageClass", "")
         return Entry(name=name, kind=Kind.FILE, size=size,
                      mtime_ns=_iso_ns(item.get("LastModified", "")),
                      version=item.get("ETag", "").strip('"'),
-                     metadata={"storage_class": storage} if storage else {})
+                     metadata=_storage_class(item.get("StorageClass", "")))
 
     async def stat(self, path: str) -> Entry:
         if path == "/":
@@ -641,6 +624,57 @@ def _result(response: httpx.Response, what: str) -> dict[str, str]:
     if _local(root.tag) == "Error":
         raise Unavailable(f"{what}: {fields.get('Code', '')}: {fields.get('Message', '')}")
     return fields
+
+
+class _PageFolder:
+    """Turns the pages of one ``/``-delimited listing into entries, applying the rule for keys
+    that cannot be POSIX names (``hidden``).
+
+    A file ``k`` is held back until the listing has passed ``k/``: keys arrive in order, and a
+    common prefix ``k/`` that comes later (after keys like ``k-1``) must win over the file.
+    """
+
+    def __init__(self, prefix: str, file_entry: Any, directory: Entry) -> None:
+        self.prefix = prefix
+        self.file_entry = file_entry
+        self.directory = directory
+        self.hidden: list[str] = []
+        self.held: dict[str, Entry] = {}
+        self.dirs: set[str] = set()
+
+    def fold(self, body: bytes, last: bool) -> list[Entry]:
+        """The entries that can be given out after this page (all of them after the last)."""
+        contents, prefixes = _parse_page(body, self.prefix)
+        prefix, cut = self.prefix, len(self.prefix)
+        ready: list[Entry] = []
+        for item in contents:
+            key = item.get("Key", "")
+            name = key[cut:]
+            if not name:
+                continue  # the directory's own marker
+            if not _usable(name) or "/" in name or name in self.dirs or name in self.held:
+                self.hidden.append(key)
+                continue
+            self.held[name] = self.file_entry(name, item)
+        for common in prefixes:
+            name = common[cut:].removesuffix("/")
+            if not _usable(name) or "/" in name or name in self.dirs:
+                self.hidden.append(common)
+                continue
+            if self.held.pop(name, None) is not None:
+                self.hidden.append(prefix + name)  # the object that the directory hides
+            self.dirs.add(name)
+            ready.append(replace(self.directory, name=name))
+        if last:
+            ready.extend(self.held.values())
+            self.held.clear()
+            return ready
+        # Whatever sorts before the page's last name + "/" can no longer be shadowed.
+        ends = [c["Key"][cut:] for c in contents[-1:]] + [p[cut:] for p in prefixes[-1:]]
+        horizon = max(ends, default="")
+        for name in [n for n in self.held if n + "/" < horizon]:
+            ready.append(self.held.pop(name))
+        return ready
 
 
 class _MultipartUpload(Upload):

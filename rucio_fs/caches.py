@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
+import trio
 from cachetools import LRUCache, TLRUCache
 
 from .backend import Entry
@@ -87,10 +88,16 @@ def byte_cache(max_bytes: int) -> LRUCache:
 
 
 class Listing:
-    """A complete directory listing: entries in backend order plus a name index.
+    """A directory listing: entries in backend order plus a name index.
 
     Names that cannot be POSIX file names (empty, ``.``, ``..``, containing ``/`` or NUL) are a
     backend bug and are left out here, counted in ``rejected``; duplicate names keep the first.
+
+    A listing may still be *filling* (:meth:`filling`): the backend's entries are appended as
+    they arrive, so ``ls`` gets the first page while later ones are on their way. It ends
+    with :meth:`finish`, either complete or with the error that cut it short; only complete
+    listings are cached, and a reader that reaches the end of a failed one gets the error,
+    never a shorter listing.
 
     Changes made through the mount are applied in place (:meth:`upsert`, :meth:`remove`) so a
     directory being filled is not listed again for every new name. ``entries`` and ``names``
@@ -98,7 +105,8 @@ class Listing:
     ``None`` behind (readers skip it) until enough pile up to build fresh lists.
     """
 
-    __slots__ = ("_index", "_removed", "by_name", "entries", "names", "rejected")
+    __slots__ = ("_changed", "_index", "_removed", "by_name", "complete", "entries", "error",
+                 "names", "rejected")
 
     def __init__(self, entries: Sequence[Entry]) -> None:
         by_name: dict[str, Entry] = {}
@@ -119,6 +127,52 @@ class Listing:
         self.names: list[bytes | None] = [os.fsencode(e.name) for e in self.entries if e]
         self._index: dict[str, int] | None = None
         self._removed = 0
+        self.complete = True
+        self.error: BaseException | None = None
+        self._changed: trio.Event | None = None
+
+    @classmethod
+    def filling(cls) -> Listing:
+        listing = cls([])
+        listing.complete = False
+        listing._changed = trio.Event()
+        return listing
+
+    def add(self, entry: Entry) -> None:
+        """Append one entry of a filling listing (same name rules as the constructor)."""
+        name = entry.name
+        if (not name or name in (".", "..") or "/" in name or "\0" in name
+                or name in self.by_name):
+            self.rejected += 1
+            return
+        self.by_name[name] = entry
+        if self._index is not None:
+            self._index[name] = len(self.entries)
+        self.entries.append(entry)
+        self.names.append(os.fsencode(name))
+        self._signal()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        self.complete = error is None
+        self._signal()
+        self._changed = None
+
+    @property
+    def done(self) -> bool:
+        return self.complete or self.error is not None
+
+    async def wait_beyond(self, count: int) -> None:
+        """Until more than ``count`` positions exist or the listing is done."""
+        while not self.done and len(self.entries) <= count:
+            assert self._changed is not None
+            await self._changed.wait()
+
+    def _signal(self) -> None:
+        changed = self._changed
+        if changed is not None and not changed.is_set():
+            changed.set()
+            self._changed = trio.Event()
 
     def __len__(self) -> int:
         return len(self.by_name)

@@ -80,6 +80,10 @@ class Catalog:
         self._flight = SingleFlight(config.coalescing, stats.coalesced)
         #: Files created through this mount and not yet uploaded: shown by stat and list.
         self.local: dict[str, Entry] = {}
+        #: Listings being fetched, shared by everyone who opens the directory meanwhile.
+        self._filling: dict[str, Listing] = {}
+        #: Where listings are fetched in the background; set by the daemon (None: in line).
+        self.nursery: trio.Nursery | None = None
         backend.use_caches(config.metadata)
         # Blocks go to the disk layer in the background, several written at once; reads wait
         # only when the disk falls a whole queue behind the network.
@@ -136,15 +140,46 @@ class Catalog:
         return entry
 
     async def list(self, path: str) -> Listing:
-        """The complete listing of directory ``path``."""
+        """The listing of directory ``path``: cached and complete, or still filling (then it
+        has its first entries or is done, so a listing that fails at once fails here)."""
         listing = self.listing.get(path)
         if listing is not None:
             return listing
+        if self.config.coalescing:
+            listing = self._filling.get(path)
+            if listing is not None:
+                self.stats.coalesced["list"] += 1
+        if listing is None:
+            listing = Listing.filling()
+            if self.config.coalescing:
+                self._filling[path] = listing
+            if self.nursery is None:
+                await self._fill(path, listing)
+            else:
+                self.nursery.start_soon(self._fill, path, listing)
+        await listing.wait_beyond(0)
+        if not listing.entries and listing.error is not None:
+            raise listing.error
+        return listing
 
-        async def fetch() -> Listing:
-            return Listing([entry async for entry in self.backend.list(path)])
+    async def _fill(self, path: str, listing: Listing) -> None:
+        """Fetch the listing of ``path`` into ``listing``; cache it once complete."""
 
-        listing = await self._call("list", path, fetch)
+        async def fetch() -> None:
+            async for entry in self.backend.list(path):
+                listing.add(entry)
+
+        try:
+            await self.timed("list", fetch)
+        except RucioFsError as exc:
+            listing.finish(exc)
+            return
+        except BaseException:
+            listing.finish(Unavailable(f"listing {path} was cancelled"))
+            raise
+        finally:
+            if self._filling.get(path) is listing:
+                del self._filling[path]
         for local_path, entry in self.local.items():
             if split_path(local_path)[0] == path:
                 listing.upsert(entry)
@@ -153,8 +188,8 @@ class Catalog:
             log.warning("%s: %d entries with unusable or duplicate names left out",
                         path, listing.rejected)
         self.stats.events["listed_entries"] += len(listing)
+        listing.finish()
         self.listing.put(path, listing)
-        return listing
 
     async def open(self, path: str, entry: Entry) -> Any:
         if entry.is_dir:

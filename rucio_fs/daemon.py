@@ -224,7 +224,7 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
             await nursery.start(control.serve, socket_path(minor), handler)
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             nursery.start_soon(_finish_mount, req, minor, stats, state)
-            ops.nursery = nursery
+            ops.nursery = catalog.nursery = nursery
             if writeback is not None:
                 writeback.nursery = nursery
             if disk is not None:

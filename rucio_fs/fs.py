@@ -281,6 +281,11 @@ class RucioFs(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
         handle = self._dirs[fh]
         parent, listing, now = handle.inode, handle.listing, handle.fetched_at
+        if not listing.complete and start_id >= len(listing.entries):
+            # Still arriving: wait for more, or for the error that cut the listing short.
+            await listing.wait_beyond(start_id)
+            if listing.error is not None and start_id >= len(listing.entries):
+                raise listing.error
         entries, names, children = listing.entries, listing.names, parent.children
         lookup, attrs_of, reply = self.inodes.lookup, self._attrs, pyfuse3.readdir_reply
         dirty_files = self.writes.files if self.writes is not None else {}

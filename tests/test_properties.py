@@ -3,6 +3,7 @@ lookup counts, the cache layers' accounting and bounds, histograms, parsing, sin
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import pytest
@@ -215,3 +216,41 @@ def test_stream_verifier_any_read_order(content, data, corrupt):
     trio.run(read_all)
     assert verifier.state == ("mismatch" if corrupt else "verified")
     assert raised == corrupt
+
+
+def _s3_page(prefix: str, items: list[tuple[str, bool]]) -> bytes:
+    """A ListObjectsV2 page body for (name, is_prefix) items, as S3 would send it."""
+    contents = "".join(f"<Contents><Key>{prefix}{n}</Key><Size>1</Size>"
+                       f"<LastModified>2026-01-01T00:00:00.000Z</LastModified>"
+                       f"<ETag>&quot;e&quot;</ETag></Contents>" for n, d in items if not d)
+    prefixes = "".join(f"<CommonPrefixes><Prefix>{prefix}{n}/</Prefix></CommonPrefixes>"
+                       for n, d in items if d)
+    return (f'<?xml version="1.0"?><ListBucketResult><Prefix>{prefix}</Prefix>{contents}'
+            f"{prefixes}</ListBucketResult>").encode()
+
+
+@given(names=st.lists(st.tuples(st.text("k-.a", min_size=1, max_size=3), st.booleans()),
+                      max_size=20, unique=True),
+       cuts=st.lists(st.integers(0, 20), max_size=4))
+def test_s3_listing_pages_fold_to_the_whole_listing_rule(names, cuts):
+    """However a sorted listing is cut into pages, the entries given out are the same: every
+    directory, and every file not shadowed by a directory of the same name."""
+    from rucio_fs.backends.s3 import _PageFolder
+
+    from rucio_fs.backend import Entry, Kind
+
+    items = sorted({(n, d) for n, d in names},
+                   key=lambda item: item[0] + ("/" if item[1] else ""))
+    dirs = {n for n, d in items if d and n not in (".", "..")}
+    files = {n for n, d in items if not d and n not in (".", "..")} - dirs
+    # Every single cut, and the drawn set of cuts together.
+    for chosen in [*([c] for c in range(len(items) + 1)), cuts]:
+        bounds = sorted({min(c, len(items)) for c in chosen} | {0, len(items)})
+        pages = [items[a:b] for a, b in itertools.pairwise(bounds)] or [[]]
+        folder = _PageFolder("p/", lambda name, item: Entry(name=name, kind=Kind.FILE),
+                             Entry(name="", kind=Kind.DIR))
+        out: list[Entry] = []
+        for i, page in enumerate(pages):
+            out.extend(folder.fold(_s3_page("p/", page), last=i == len(pages) - 1))
+        assert sorted(e.name for e in out if e.is_dir) == sorted(dirs)
+        assert sorted(e.name for e in out if not e.is_dir) == sorted(files)
