@@ -626,7 +626,7 @@ class RucioFs(pyfuse3.Operations):
             raise NotEmpty(path)
         backend = self.catalog.backend
         await self.catalog.timed("rmdir", lambda: backend.rmdir(path))
-        self.catalog.forget_tree(path)
+        self.catalog.listing.discard(path)  # it was empty: nothing below to forget
         self.catalog.note_entry(path, None)
         self.inodes.detach(parent, text)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Real S3 servers on 127.0.0.1 for tests and benchmarks:
-#   versitygw v1.8.0 (posix backend) — the main server, fast and strict;
+#   versitygw v1.8.0 (posix backend, with HTTP keep-alive as real S3 has: off by default in
+#   versitygw, which then closes every connection) — the main server, fast and strict;
 #   moto server (pip, in the project's venv) — keeps every key exactly as written (a//b, x/../y,
 #   an object k beside k/child), which a posix-backed server normalises or refuses.
 #
@@ -44,7 +45,7 @@ start_gw() {
   # shellcheck disable=SC1091
   . "$BASE/server.env"
   ROOT_ACCESS_KEY_ID=$ACCESS ROOT_SECRET_ACCESS_KEY=$SECRET \
-    setsid "$VGW" --port "127.0.0.1:$VGW_PORT" --quiet posix "$BASE/vgw-data" \
+    setsid "$VGW" --port "127.0.0.1:$VGW_PORT" --quiet --keep-alive posix "$BASE/vgw-data" \
     >>"$BASE/versitygw.log" 2>&1 &
   echo $! >"$BASE/versitygw.pid"
   wait_http "http://127.0.0.1:$VGW_PORT/"
