@@ -422,6 +422,12 @@ class RucioFs(pyfuse3.Operations):
         if not self.catalog.backend.capabilities & capability:
             raise NotSupported(f"{self.catalog.backend.scheme} cannot {what}")
 
+    def _child(self, parent_inode: int, name: bytes) -> tuple[Inode, str, str]:
+        """The parent inode, the child's name and its catalog path."""
+        parent = self._inode(parent_inode)
+        text = os.fsdecode(name)
+        return parent, text, child_path(parent.path, text)
+
     async def _entry_of(self, path: str) -> Entry:
         dirty = self._dirty(path)
         return dirty.entry() if dirty is not None else await self.catalog.stat(path)
@@ -464,12 +470,10 @@ class RucioFs(pyfuse3.Operations):
     @fuse_op
     async def create(self, parent_inode: int, name: bytes, mode: int, flags: int,
                      ctx: Any) -> tuple[pyfuse3.FileInfo, Any]:
-        parent = self._inode(parent_inode)
+        parent, text, path = self._child(parent_inode, name)
         writes = self._writeback()
         if not stat.S_ISREG(mode):
             raise NotSupported("only regular files can be created here")
-        text = os.fsdecode(name)
-        path = child_path(parent.path, text)
         try:
             existing: Entry | None = await self._entry_of(path)
         except NotFound:
@@ -587,10 +591,8 @@ class RucioFs(pyfuse3.Operations):
 
     @fuse_op
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
-        parent = self._inode(parent_inode)
+        parent, text, path = self._child(parent_inode, name)
         self._need(Capability.MKDIR, "create directories")
-        text = os.fsdecode(name)
-        path = child_path(parent.path, text)
         backend = self.catalog.backend
         entry = await self.catalog.timed("mkdir", lambda: backend.mkdir(path))
         self.catalog.new_directory(path, entry)
@@ -598,10 +600,8 @@ class RucioFs(pyfuse3.Operations):
 
     @fuse_op
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        parent = self._inode(parent_inode)
+        parent, text, path = self._child(parent_inode, name)
         self._need(Capability.UNLINK, "remove files")
-        text = os.fsdecode(name)
-        path = child_path(parent.path, text)
         entry = await self._entry_of(path)
         if entry.is_dir:
             raise IsADirectory(path)
@@ -614,10 +614,8 @@ class RucioFs(pyfuse3.Operations):
 
     @fuse_op
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        parent = self._inode(parent_inode)
+        parent, text, path = self._child(parent_inode, name)
         self._need(Capability.UNLINK, "remove directories")
-        text = os.fsdecode(name)
-        path = child_path(parent.path, text)
         entry = await self._entry_of(path)
         if not entry.is_dir:
             raise NotADirectory(path)

@@ -11,6 +11,7 @@ import sys
 import time
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,6 +218,15 @@ class S3Server:
         subprocess.run(["bash", str(S3_SCRIPT), command, str(self.base)], check=True,
                        capture_output=True, timeout=60,
                        env={**os.environ, "VGW_PORT": self.env["VGW_PORT"]})
+
+    @contextmanager
+    def gateway_down(self) -> Iterator[None]:
+        """versitygw stopped for the block, started again after it (even on failure)."""
+        self.control("stop-gw")
+        try:
+            yield
+        finally:
+            self.control("start-gw")
 
     def seed(self, prefix: str, objects: dict[str, bytes]) -> None:
         """Store objects straight into versitygw's posix store, as versitygw itself does

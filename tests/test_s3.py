@@ -217,8 +217,7 @@ def test_server_down_gives_eio_then_recovers_and_failed_uploads_are_kept(mount_f
     mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "--timeout", "10")
     (mnt.path / "before").write_bytes(b"up")
     f = open(mnt.path / "late", "wb")  # noqa: SIM115 - close is what is tested
-    s3_server.control("stop-gw")
-    try:
+    with s3_server.gateway_down():
         start = time.monotonic()
         with pytest.raises(OSError) as exc:
             os.stat(mnt.path / "unknown-name")
@@ -231,8 +230,6 @@ def test_server_down_gives_eio_then_recovers_and_failed_uploads_are_kept(mount_f
         assert (mnt.path / "late").read_bytes() == b"must not be lost"
         listed = run_cli("uploads", str(mnt.path))
         assert listed.returncode == 1 and "pending /late" in listed.stdout
-    finally:
-        s3_server.control("start-gw")
     assert (mnt.path / "before").read_bytes() == b"up"
     retried = run_cli("uploads", str(mnt.path), "--retry")
     assert retried.returncode == 0, retried.stdout + retried.stderr
@@ -245,15 +242,12 @@ def test_pending_upload_can_be_discarded(mount_fs, s3_server):
     prefix = unique("discard")
     mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "--timeout", "10")
     f = open(mnt.path / "doomed", "wb")  # noqa: SIM115 - close is what is tested
-    s3_server.control("stop-gw")
-    try:
+    with s3_server.gateway_down():
         f.write(b"x")
         with pytest.raises(OSError):
             f.close()
         result = run_cli("uploads", str(mnt.path), "--discard", str(mnt.path / "doomed"))
         assert "discarded /doomed" in result.stdout and result.returncode == 0
-    finally:
-        s3_server.control("start-gw")
     assert not (mnt.path / "doomed").exists()
 
 
@@ -263,14 +257,11 @@ def test_unmount_keeps_what_could_not_be_uploaded(mount_fs, s3_server, tmp_path)
     mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "--timeout", "5",
                    "--staging-dir", str(staging))
     f = open(mnt.path / "kept", "wb")  # noqa: SIM115 - close is what is tested
-    s3_server.control("stop-gw")
-    try:
+    with s3_server.gateway_down():
         f.write(b"keep me")
         with pytest.raises(OSError):
             f.close()
         assert run_cli("unmount", str(mnt.path)).returncode == 0
-    finally:
-        s3_server.control("start-gw")
     sidecars = list(staging.glob("*.json"))
     assert len(sidecars) == 1
     assert Path(str(sidecars[0])[:-5]).read_bytes() == b"keep me"

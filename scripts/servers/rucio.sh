@@ -21,15 +21,8 @@ MC_PORT=${MC_PORT:-21211}; AUTH_TLS=${AUTH_TLS:-18444}
 VENV=${RUCIO_FS_SERVER_CACHE:-$HOME/.cache/rucio-fs}/rucio-$RUCIO_VERSION
 
 log() { printf 'rucio.sh: %s\n' "$*" >&2; }
-stop_pidfile() {  # stop_pidfile FILE: TERM the process, wait for it, remove the file
-  local file=$1 pid
-  [ -s "$file" ] || return 0
-  pid=$(cat "$file")
-  if kill "$pid" 2>/dev/null; then
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  fi
-  rm -f "$file"
-}
+# shellcheck source=common.sh
+. "$here/common.sh"
 start_storage() { nginx -c "$BASE/nginx.conf"; }
 
 case $cmd in

@@ -25,15 +25,8 @@ PY=${PYTHON:-$repo/.venv/bin/python}
 ACCESS=rucio-fs-test; SECRET=rucio-fs-test-secret
 
 log() { printf 's3.sh: %s\n' "$*" >&2; }
-stop_pidfile() {  # stop_pidfile FILE: TERM the process, wait for it, remove the file
-  local file=$1 pid
-  [ -s "$file" ] || return 0
-  pid=$(cat "$file")
-  if kill "$pid" 2>/dev/null; then
-    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  fi
-  rm -f "$file"
-}
+# shellcheck source=common.sh
+. "$here/common.sh"
 wait_http() {  # wait_http URL: until anything answers (an S3 error is an answer)
   for _ in $(seq 200); do
     curl -s -o /dev/null "$1" && return 0
