@@ -317,7 +317,7 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
             failed: list[tuple[str, str]] = []
             if message.get("retry"):
                 failed = await writes.retry()
-            discarded = [p for p in message.get("discard", []) if writes.discard(p)]
+            discarded = [p for p in message.get("discard", []) if await ops.discard_pending(p)]
             return {"pending": [{"path": d.path, "size": d.size, "error": d.error,
                                  "staged": d.staging_path} for d in writes.pending()],
                     "failed": failed, "discarded": discarded}

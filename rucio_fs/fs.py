@@ -116,6 +116,16 @@ class _FileHandle:
     writer: bool = False
 
 
+def _invalidate_entry(parent_ino: int, name: str) -> None:
+    with contextlib.suppress(OSError):  # already forgotten by the kernel
+        pyfuse3.invalidate_entry(parent_ino, os.fsencode(name))
+
+
+def _invalidate_inode(ino: int) -> None:
+    with contextlib.suppress(OSError):  # already forgotten by the kernel
+        pyfuse3.invalidate_inode(ino)
+
+
 async def _not_implemented(*_args: Any) -> None:
     raise pyfuse3.FUSEError(errno.ENOSYS)
 
@@ -730,6 +740,27 @@ class RucioFs(pyfuse3.Operations):
         if dirty is not None:
             dirty.base = new
         self._changed(node, new)
+
+    async def discard_pending(self, path: str) -> bool:
+        """Throw away the pending content of ``path`` (see ``rucio-fs uploads --discard``);
+        the kernel forgets what it was shown, so the file is again what the catalog holds."""
+        dirty = await self._writeback().discard(path)
+        if dirty is None:
+            return False
+        node = self.inodes.find(path)
+        if node is None:
+            return True
+        if dirty.base is None:  # never uploaded: the name goes away
+            parent = self.inodes.get(node.parent)
+            if parent is not None:
+                self.inodes.detach(parent, node.name)
+                # From a worker thread: the kernel may need this loop while invalidating.
+                await trio.to_thread.run_sync(_invalidate_entry, parent.ino, node.name)
+        else:
+            node.entry, node.attrs, node.fetched_at = dirty.base, None, 0.0
+            node.cached_version = INVALID
+            await trio.to_thread.run_sync(_invalidate_inode, node.ino)
+        return True
 
     # -- cache control ---------------------------------------------------------------------
 

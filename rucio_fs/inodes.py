@@ -60,6 +60,16 @@ class InodeTable:
     def get(self, ino: int) -> Inode | None:
         return self._by_ino.get(ino)
 
+    def find(self, path: str) -> Inode | None:
+        """The inode the kernel knows for catalog ``path``, if any."""
+        node = self._by_ino[ROOT_INO]
+        for name in path.strip("/").split("/") if path != "/" else ():
+            child = node.children.get(name)
+            if child is None:
+                return None
+            node = child
+        return node
+
     def child(self, parent: Inode, name: str) -> Inode | None:
         return parent.children.get(name)
 

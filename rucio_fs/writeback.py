@@ -407,14 +407,22 @@ class WriteBack:
                 self._forget(dirty)
         return failed
 
-    def discard(self, path: str) -> bool:
-        """Drop the pending content of ``path`` (its catalog content stays as it was)."""
+    async def discard(self, path: str) -> DirtyFile | None:
+        """Drop the pending content of ``path`` (its catalog content stays as it was); the
+        discarded file, or None when there is nothing pending to discard (no such file, a
+        writer still has it open, or an upload on its way succeeded first)."""
         dirty = self.files.get(path)
         if dirty is None or dirty.writers:
-            return False
+            return None
+        dirty.unlinked = True  # no upload may start from now on
+        async with dirty.lock:  # and one on its way has finished
+            if not dirty.dirty:
+                dirty.unlinked = False
+                self._forget(dirty)
+                return None
         self._forget(dirty)
         self.catalog.discarded(path, dirty.base)
-        return True
+        return dirty
 
     async def shutdown(self) -> None:
         """At unmount: one last try for everything dirty; keep (with a sidecar) what fails."""
