@@ -298,3 +298,45 @@ def test_bad_s3_input_is_one_line(s3_server, tmp_path, url, options, message):
     result = run_cli("mount", url, str(mnt), *options)
     assert result.returncode == 1
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_failed_streamed_part_falls_back_to_a_whole_upload(mount_fs, s3_server, tmp_path):
+    prefix = unique("fallback")
+    data = random.Random(7).randbytes(18 * MiB)
+    with fault_proxy(s3_server.endpoint) as proxy:
+        mnt = mount_s3(mount_fs, proxy.url, prefix, "-o", "part_size=5M")
+        # Part 2 of the streamed upload fails every attempt; the staged copy goes up whole.
+        proxy.inject("error", "partNumber=2&", times=4)
+        source = tmp_path / "source"
+        source.write_bytes(data)
+        subprocess.run(["cp", str(source), str(mnt.path / "f")], check=True)
+        assert "uploading the staged file whole" in mnt.log_text()
+    client = s3_server.client()
+    assert client.get_object(Bucket="test", Key=f"{prefix}/f")["Body"].read() == data
+    head = client.head_object(Bucket="test", Key=f"{prefix}/f")
+    assert head["ETag"].strip('"') == multipart_etag(data, 5 * MiB)
+    # The abandoned upload was aborted: nothing is left behind on the server.
+    uploads = client.list_multipart_uploads(Bucket="test", Prefix=prefix).get("Uploads", [])
+    assert uploads == []
+
+
+def test_random_writes_and_in_place_edits_are_staged_then_uploaded(mount_fs, s3_server):
+    prefix = unique("random")
+    mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "-o", "part_size=5M")
+    expected = bytearray(random.Random(3).randbytes(12 * MiB))
+    with open(mnt.path / "f", "wb") as f:
+        f.write(expected)  # streams parts...
+        f.seek(MiB)
+        f.write(b"X" * 100)  # ...until a write lands below them
+    expected[MiB:MiB + 100] = b"X" * 100
+    with open(mnt.path / "f", "r+b") as f:  # an existing object edited in place
+        f.seek(7 * MiB)
+        f.write(b"Y" * 10)
+        f.seek(0, os.SEEK_END)
+        f.write(b"tail")
+    expected[7 * MiB:7 * MiB + 10] = b"Y" * 10
+    expected += b"tail"
+    body = s3_server.client().get_object(Bucket="test", Key=f"{prefix}/f")["Body"].read()
+    assert body == bytes(expected)
+    mnt.drop()
+    assert (mnt.path / "f").read_bytes() == bytes(expected)
