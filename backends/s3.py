@@ -35,6 +35,7 @@ import functools
 import hashlib
 import html
 import logging
+import os
 import re
 import time
 import xml.etree.ElementTree as ET
@@ -50,7 +51,7 @@ from urllib.parse import quote, unquote, urlsplit
 import httpx
 import trio
 
-from rucio_fs.backend import Backend, Capability, Entry, Kind, Upload
+from rucio_fs.backend import Backend, Capability, Entry, Kind, Upload, usable_name
 from rucio_fs.errors import (
     CrossDevice,
     InvalidInput,
@@ -119,13 +120,6 @@ def _http_date_ns(text: str | None) -> int:
         return 0
 
 
-def _as_bytes(data: bytes | memoryview) -> bytes:
-    if isinstance(data, memoryview) and isinstance(data.obj, bytes) \
-            and data.nbytes == len(data.obj):
-        return data.obj
-    return bytes(data)
-
-
 def describe(response: httpx.Response) -> str:
     """``Code: Message`` of an S3 error body."""
     try:
@@ -137,10 +131,6 @@ def describe(response: httpx.Response) -> str:
 def describe_fields(fields: Mapping[str, str]) -> str:
     code, message = fields.get("Code", ""), fields.get("Message", "")
     return f"{code}: {message}".strip(": ")
-
-
-def _usable(name: str) -> bool:
-    return bool(name) and name not in (".", "..") and "\0" not in name
 
 
 class _SigV4(httpx.Auth):
@@ -216,8 +206,6 @@ class S3Backend(Backend):
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        import os
-
         settings = self.settings
         signer = None
         if not settings.anonymous:
@@ -279,11 +267,10 @@ class S3Backend(Backend):
 
     # -- namespace --------------------------------------------------------------------------
 
-    async def _list_page(self, prefix: str, token: str | None, delimiter: str,
-                         max_keys: int) -> tuple[list[dict[str, str]], list[str], str | None]:
-        body = await self._fetch_page(prefix, token, delimiter, max_keys)
-        contents, prefixes = _parse_page(body, prefix)
-        return contents, prefixes, _next_token(body, prefix)
+    async def _first_keys(self, prefix: str,
+                          max_keys: int) -> tuple[list[dict[str, str]], list[str]]:
+        """The first ``max_keys`` keys under ``prefix`` (no delimiter, no paging)."""
+        return _parse_page(await self._fetch_page(prefix, None, "", max_keys), prefix)
 
     async def _fetch_page(self, prefix: str, token: str | None, delimiter: str,
                           max_keys: int) -> bytes:
@@ -351,7 +338,7 @@ class S3Backend(Backend):
                 results["head"] = None
 
         async def under() -> None:
-            contents, prefixes, _ = await self._list_page(key + "/", None, "", 1)
+            contents, prefixes = await self._first_keys(key + "/", 1)
             results["dir"] = bool(contents or prefixes)
 
         async with trio.open_nursery() as nursery:
@@ -414,13 +401,12 @@ class S3Backend(Backend):
 
     # -- writing ----------------------------------------------------------------------------
 
-    async def put(self, path: str, data: bytes | memoryview) -> Entry:
+    async def put(self, path: str, data: bytes) -> Entry:
         key = self._key(path)
-        body = _as_bytes(data)
         response = await self._api().request(
-            "PUT", self._url_path(key), what=f"PUT {key}", content=body,
-            headers={"Content-MD5": await _md5_of(body)})
-        return Entry(name=path.rpartition("/")[2], kind=Kind.FILE, size=len(body),
+            "PUT", self._url_path(key), what=f"PUT {key}", content=data,
+            headers={"Content-MD5": await _md5_of(data)})
+        return Entry(name=path.rpartition("/")[2], kind=Kind.FILE, size=len(data),
                      mtime_ns=time.time_ns(), version=response.headers.get("etag", "").strip('"'))
 
     async def begin_upload(self, path: str) -> _MultipartUpload:
@@ -456,13 +442,13 @@ class S3Backend(Backend):
         found: dict[str, Any] = {}
 
         async def check() -> None:
-            found["page"] = await self._list_page(marker, None, "", 2)
+            found["page"] = await self._first_keys(marker, 2)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(check)
             await self._api().request("DELETE", self._url_path(marker), expect=(200, 204),
                                       what=f"DELETE {marker}")
-        contents, prefixes, _ = found["page"]
+        contents, prefixes = found["page"]
         if prefixes or any(item.get("Key") != marker for item in contents):
             await self._api().request("PUT", self._url_path(marker), content=b"",
                                       what=f"restore {marker}",
@@ -652,13 +638,13 @@ class _PageFolder:
             name = key[cut:]
             if not name:
                 continue  # the directory's own marker
-            if not _usable(name) or "/" in name or name in self.dirs or name in self.held:
+            if not usable_name(name) or name in self.dirs or name in self.held:
                 self.hidden.append(key)
                 continue
             self.held[name] = self.file_entry(name, item)
         for common in prefixes:
             name = common[cut:].removesuffix("/")
-            if not _usable(name) or "/" in name or name in self.dirs:
+            if not usable_name(name) or name in self.dirs:
                 self.hidden.append(common)
                 continue
             if self.held.pop(name, None) is not None:
@@ -688,12 +674,11 @@ class _MultipartUpload(Upload):
     def _target(self, params: Mapping[str, str]) -> str:
         return self.backend._url_path(self.key) + self.backend._query(params)
 
-    async def write_part(self, number: int, offset: int, data: memoryview) -> None:
-        body = _as_bytes(data)
+    async def write_part(self, number: int, offset: int, data: bytes) -> None:
         response = await self.backend._api().request(
             "PUT", self._target({"partNumber": str(number), "uploadId": self.upload_id}),
-            what=f"part {number} of {self.key}", content=body,
-            headers={"Content-MD5": await _md5_of(body)})
+            what=f"part {number} of {self.key}", content=data,
+            headers={"Content-MD5": await _md5_of(data)})
         etag = response.headers.get("etag")
         if not etag:
             raise Unavailable(f"part {number} of {self.key}: no ETag in the answer")

@@ -76,6 +76,11 @@ class Entry:
         return self.kind is Kind.DIR
 
 
+def usable_name(name: str) -> bool:
+    """Whether ``name`` can be a POSIX file name (not empty, ``.``, ``..``; no ``/`` or NUL)."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
+
+
 @dataclass(frozen=True, slots=True)
 class FsUsage:
     """What ``statfs`` reports; zeros mean "unknown" and are shown as such by ``df``."""
@@ -91,7 +96,7 @@ class Upload(ABC):
     backend's ``upload_part_size`` bytes. Then exactly one of ``commit`` or ``abort``."""
 
     @abstractmethod
-    async def write_part(self, number: int, offset: int, data: memoryview) -> None:
+    async def write_part(self, number: int, offset: int, data: bytes) -> None:
         """Store bytes ``[offset, offset+len(data))`` of the new content as part ``number``."""
 
     @abstractmethod
@@ -178,7 +183,7 @@ class Backend(ABC):
     #: Most parts of a file uploaded at once.
     upload_parallelism: ClassVar[int] = 4
 
-    async def put(self, path: str, data: bytes | memoryview) -> Entry:
+    async def put(self, path: str, data: bytes) -> Entry:
         """Replace (or create) file ``path`` with ``data``; returns its new entry."""
         raise NotSupported(f"{self.scheme}: writing is not supported")
 

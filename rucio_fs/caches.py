@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 import trio
 from cachetools import LRUCache, TLRUCache
 
-from .backend import Entry
+from .backend import Entry, usable_name
 from .stats import Stats
 
 V = TypeVar("V")
@@ -112,11 +112,8 @@ class Listing:
         by_name: dict[str, Entry] = {}
         rejected = 0
         for entry in entries:
-            name = entry.name
-            if not name or name in (".", "..") or "/" in name or "\0" in name:
-                rejected += 1
-            elif name not in by_name:
-                by_name[name] = entry
+            if usable_name(entry.name) and entry.name not in by_name:
+                by_name[entry.name] = entry
             else:
                 rejected += 1
         self.by_name = by_name
@@ -141,8 +138,7 @@ class Listing:
     def add(self, entry: Entry) -> None:
         """Append one entry of a filling listing (same name rules as the constructor)."""
         name = entry.name
-        if (not name or name in (".", "..") or "/" in name or "\0" in name
-                or name in self.by_name):
+        if not usable_name(name) or name in self.by_name:
             self.rejected += 1
             return
         self.by_name[name] = entry

@@ -364,10 +364,6 @@ class Catalog:
         self.local.pop(path, None)
         self.note_entry(path, entry)
 
-    def discarded(self, path: str, base: Entry | None) -> None:
-        """Pending content of ``path`` was thrown away: it is ``base`` again (None: gone)."""
-        self.note_entry(path, base)
-
     def new_directory(self, path: str, entry: Entry) -> None:
         self.note_entry(path, entry)
         self.listing.put(path, Listing([]))

@@ -149,7 +149,7 @@ class RucioFs(pyfuse3.Operations):
         self.inodes = InodeTable(root_entry)
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
-        self.writable = bool(catalog.backend.capabilities & Capability.WRITE) and bool(writeback)
+        self.writable = writeback is not None
         self.writes = writeback
         if writeback is None:
             # ENOSYS once makes the kernel stop sending FLUSH: no round trip per close.
@@ -338,9 +338,7 @@ class RucioFs(pyfuse3.Operations):
             return await self._open_for_writing(node, flags)
         dirty = self._dirty(node.path)
         if dirty is not None:
-            fh = self._new_fh()
-            self._files[fh] = _FileHandle(node, dirty.entry(), None, None, None, dirty=dirty)
-            return pyfuse3.FileInfo(fh=fh, keep_cache=False)
+            return self._dirty_handle(node, dirty, writer=False)
         entry = await self._revalidate(node)
         backend_handle = await self.catalog.open(node.path, entry)
         version = content_version(entry)
@@ -401,7 +399,7 @@ class RucioFs(pyfuse3.Operations):
         if handle.writer and handle.dirty is not None and self.writes is not None:
             dirty = handle.dirty
             await self.writes.release(dirty)
-            if self.writes.get(dirty.path) is not dirty and dirty.base is not None:
+            if self._dirty(dirty.path) is not dirty and dirty.base is not None:
                 node = handle.inode
                 node.entry, node.attrs, node.fetched_at = dirty.base, None, time.monotonic()
 
@@ -427,8 +425,7 @@ class RucioFs(pyfuse3.Operations):
         return self.writes
 
     def _need(self, capability: Capability, what: str) -> None:
-        if self.writes is None:
-            raise pyfuse3.FUSEError(errno.EROFS)
+        self._writeback()
         if not self.catalog.backend.capabilities & capability:
             raise NotSupported(f"{self.catalog.backend.scheme} cannot {what}")
 
@@ -455,9 +452,13 @@ class RucioFs(pyfuse3.Operations):
             await writes.release(dirty)
             raise
         node.cached_version = INVALID  # the kernel's pages must not outlive this writer
+        return self._dirty_handle(node, dirty, writer=True)
+
+    def _dirty_handle(self, node: Inode, dirty: DirtyFile, writer: bool) -> pyfuse3.FileInfo:
+        """A handle on a file with pending content (its pages are never kept)."""
         fh = self._new_fh()
         self._files[fh] = _FileHandle(node, dirty.entry(), None, None, None,
-                                      dirty=dirty, writer=True)
+                                      dirty=dirty, writer=writer)
         return pyfuse3.FileInfo(fh=fh, keep_cache=False)
 
     async def _read_dirty(self, handle: _FileHandle, off: int, size: int) -> bytes:
@@ -500,10 +501,7 @@ class RucioFs(pyfuse3.Operations):
             await dirty.truncate(0)
         node = self.inodes.lookup(parent, text, dirty.entry(), time.monotonic())
         node.cached_version = INVALID
-        fh = self._new_fh()
-        self._files[fh] = _FileHandle(node, dirty.entry(), None, None, None,
-                                      dirty=dirty, writer=True)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=False), self._attrs(node)
+        return self._dirty_handle(node, dirty, writer=True), self._attrs(node)
 
     @fuse_op
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -553,7 +551,7 @@ class RucioFs(pyfuse3.Operations):
         if entry.is_dir:
             raise IsADirectory(node.path)
         writes = self._writeback()
-        dirty = writes.files.get(node.path)
+        dirty = self._dirty(node.path)
         if dirty is not None:
             await dirty.truncate(size)
             return
@@ -664,7 +662,7 @@ class RucioFs(pyfuse3.Operations):
             if not entry.is_dir and target.is_dir:
                 raise IsADirectory(new)
         writes = self._writeback()
-        dirty = writes.files.get(old)
+        dirty = self._dirty(old)
         local_only = False
         if dirty is not None:
             async with dirty.lock:  # not while its upload is on its way

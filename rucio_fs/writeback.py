@@ -160,7 +160,6 @@ class DirtyFile:
         async with self.lock:
             if not self.dirty or self.unlinked:
                 return None
-            generation = self._generation
             try:
                 entry = await self._upload_content()
             except RucioFsError as exc:
@@ -171,8 +170,7 @@ class DirtyFile:
                 raise
             # The new content is stored: further writes start over from the staged file.
             self.base = replace(entry, name=self.path.rpartition("/")[2])
-            self.dirty = generation != self._generation
-            self.streaming = False
+            self.dirty = self.streaming = False
             self.wb.catalog.committed(self.path, self.base)
             return self.base
 
@@ -188,7 +186,7 @@ class DirtyFile:
         if self.size <= backend.single_put_max:
             data = await trio.to_thread.run_sync(_pread_exact, self.fd, 0, self.size)
             return await self.wb.catalog.timed(
-                "put", lambda: backend.put(self.path, memoryview(data)))
+                "put", lambda: backend.put(self.path, data))
         return await self._finish_parts()
 
     def _part_size(self, number: int) -> int:
@@ -233,7 +231,7 @@ class DirtyFile:
         try:
             data = await trio.to_thread.run_sync(_pread_exact, self.fd, offset, length)
             await self.wb.catalog.timed(
-                "write_part", lambda: upload.write_part(number, offset, memoryview(data)))
+                "write_part", lambda: upload.write_part(number, offset, data))
         except Exception as exc:  # reported by the commit that waits for this part
             if self._part_error is None:
                 self._part_error = exc
@@ -249,8 +247,8 @@ class DirtyFile:
             await self._parts_done.wait()
 
     async def _finish_parts(self) -> Entry:
-        if self._upload is None:
-            self.frontier, self._next_part, self.streaming = 0, 1, True
+        if self._upload is None:  # a whole upload of the staged file
+            self.frontier, self._next_part = 0, 1
         self.streaming = True
         await self._stream_parts(final=True)
         await self._wait_parts()
@@ -334,9 +332,6 @@ class WriteBack:
             except FileExistsError:
                 continue
 
-    def get(self, path: str) -> DirtyFile | None:
-        return self.files.get(path)
-
     def open(self, path: str, base: Entry | None) -> DirtyFile:
         """The dirty file of ``path`` (new if none), with one more writer."""
         dirty = self.files.get(path)
@@ -417,11 +412,10 @@ class WriteBack:
         dirty.unlinked = True  # no upload may start from now on
         async with dirty.lock:  # and one on its way has finished
             if not dirty.dirty:
-                dirty.unlinked = False
                 self._forget(dirty)
                 return None
         self._forget(dirty)
-        self.catalog.discarded(path, dirty.base)
+        self.catalog.note_entry(path, dirty.base)
         return dirty
 
     async def shutdown(self) -> None:

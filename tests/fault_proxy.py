@@ -93,24 +93,15 @@ class FaultProxy:
         body = handler.rfile.read(length) if length else None
         if self._peek_fault(handler.path) == "slowdown":
             self._take_fault(handler.path)
-            message = (b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
-                       b"<Message>Please reduce your request rate.</Message></Error>")
-            handler.send_response(503)
-            handler.send_header("Content-Type", "application/xml")
-            handler.send_header("Content-Length", str(len(message)))
-            handler.end_headers()
-            if handler.command != "HEAD":
-                handler.wfile.write(message)
+            _answer(handler, 503, {"Content-Type": "application/xml"},
+                    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+                    b"<Message>Please reduce your request rate.</Message></Error>")
             return
         if self._peek_fault(handler.path) == "error":
             self._take_fault(handler.path)
-            message = b'{"ExceptionClass": "DatabaseException", "ExceptionMessage": "injected"}'
-            handler.send_response(500)
-            handler.send_header("ExceptionClass", "DatabaseException")
-            handler.send_header("ExceptionMessage", "injected")
-            handler.send_header("Content-Length", str(len(message)))
-            handler.end_headers()
-            handler.wfile.write(message)
+            _answer(handler, 500, {"ExceptionClass": "DatabaseException",
+                                   "ExceptionMessage": "injected"},
+                    b'{"ExceptionClass": "DatabaseException", "ExceptionMessage": "injected"}')
             return
         headers = {k: v for k, v in handler.headers.items() if k.lower() not in HOP_BY_HOP}
         upstream = http.client.HTTPConnection(*self.upstream, timeout=60)
@@ -148,6 +139,18 @@ class FaultProxy:
             handler.close_connection = True
             return
         handler.wfile.write(data)
+
+
+def _answer(handler: BaseHTTPRequestHandler, status: int, headers: dict[str, str],
+            body: bytes) -> None:
+    """An injected answer instead of the upstream's (no body for HEAD)."""
+    handler.send_response(status)
+    for key, value in headers.items():
+        handler.send_header(key, value)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(body)
 
 
 @contextmanager
