@@ -174,7 +174,8 @@ def uploads(mountpoint: str, retry: bool, discard: tuple[str, ...]) -> int:
         full = os.path.abspath(path)
         if full != root and not full.startswith(root + os.sep):
             raise click.BadParameter(f"{path} is not inside {mountpoint}", param_hint="--discard")
-        paths.append("/" + os.path.relpath(full, root).lstrip("."))
+        rel = os.path.relpath(full, root)
+        paths.append("/" if rel == "." else "/" + rel)
     result = control.request(mountpoint, "uploads", retry=retry, discard=paths)
     for path in result["discarded"]:
         click.echo(f"discarded {path}")
