@@ -64,7 +64,7 @@ from rucio_fs.errors import (
     RucioFsError,
     Unavailable,
 )
-from rucio_fs.http import ApiClient, RangeReader, tls_context
+from rucio_fs.http import ApiClient, RangeReader, client_counters, tls_context
 
 from .s3_settings import S3Settings, parse_url
 
@@ -539,11 +539,7 @@ class S3Backend(Backend):
         return await self._copy_in_place(path, entry, {})
 
     def counters(self) -> Mapping[str, int]:
-        counters: Counter[str] = Counter(self.counters_extra)
-        if self.api is not None:
-            counters.update({f"api_{k}": v for k, v in self.api.counters.items()})
-        if self.reader is not None:
-            counters.update({f"data_{k}": v for k, v in self.reader.counters.items()})
+        counters = client_counters(self.api, self.reader) + self.counters_extra
         return counters
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
-from rucio_fs.config import parse_duration, parse_size
+from rucio_fs.config import parse_duration, parse_size, url_options
 from rucio_fs.errors import InvalidInput
 
 OPTIONS = ("endpoint_url", "region", "profile", "addressing", "timeout", "part_size",
@@ -57,11 +57,7 @@ def parse_url(url: str) -> S3Settings:
     prefix = unquote(parts.path).strip("/")
     if prefix and any(seg in ("", ".", "..") for seg in prefix.split("/")):
         raise InvalidInput(f"prefix {prefix!r} has an empty, '.' or '..' component")
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    unknown = sorted(set(options) - set(OPTIONS))
-    if unknown:
-        raise InvalidInput(f"unknown s3 option(s) {', '.join(unknown)} "
-                           f"(known: {', '.join(OPTIONS)})")
+    options = url_options(parts.query, OPTIONS, "s3")
     profile = options.get("profile") or os.environ.get("AWS_PROFILE") or None
     config = _profile_config(profile)
     endpoint = (options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3")

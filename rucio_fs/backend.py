@@ -59,7 +59,9 @@ class Entry:
     ``version`` identifies the content (etag, generation, checksum): the data cache and the
     kernel page cache are keyed on it, so a changed file is never served from stale blocks.
     ``immutable`` promises the content of this path never changes (Rucio files): its
-    attributes and data may be cached for the long immutable TTL.
+    attributes and data may be cached for the long immutable TTL. ``mode`` is the permission
+    bits the catalog grants the mounting user (``None``: the core's defaults, 0644/0755 on
+    read-write mounts); a read-only mount never shows write bits.
     """
 
     name: str
@@ -70,6 +72,7 @@ class Entry:
     immutable: bool = False
     version: str = ""
     metadata: Mapping[str, str] = field(default_factory=dict)
+    mode: int | None = None
 
     @property
     def is_dir(self) -> bool:

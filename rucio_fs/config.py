@@ -13,6 +13,18 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+def url_options(query: str, known: tuple[str, ...], scheme: str) -> dict[str, str]:
+    """The ``?key=value&...`` options of a mount URL; InvalidInput naming unknown ones."""
+    from urllib.parse import parse_qsl
+
+    options = dict(parse_qsl(query, keep_blank_values=True))
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise InvalidInput(f"unknown {scheme} option(s) {', '.join(unknown)} "
+                           f"(known: {', '.join(known)})")
+    return options
+
+
 def parse_duration(text: str) -> float:
     """``"20ms"`` → 0.02 seconds; a bare number is seconds. InvalidInput otherwise."""
     match = _DURATION.match(str(text))

@@ -29,6 +29,10 @@ class PermissionDenied(RucioFsError):
     errno = errno.EACCES
 
 
+class Unauthorized(PermissionDenied):
+    """The server refused the credentials (HTTP 401): worth renewing them once."""
+
+
 class Unavailable(RucioFsError):
     """The catalog or storage cannot be reached or answered badly (timeout, 5xx, broken stream)."""
 

@@ -187,10 +187,12 @@ class RucioFs(pyfuse3.Operations):
             attrs.entry_timeout = self._entry_ttl
             attrs.attr_timeout = self._immutable_ttl if entry.immutable else self._attr_ttl
             if entry.is_dir:
-                attrs.st_mode = stat.S_IFDIR | (0o755 if self.writable else 0o555)
+                perm = 0o755 if entry.mode is None else entry.mode
+                attrs.st_mode = stat.S_IFDIR | (perm if self.writable else perm & ~0o222)
                 attrs.st_nlink = 2
             else:
-                attrs.st_mode = stat.S_IFREG | (0o644 if self.writable else 0o444)
+                perm = 0o644 if entry.mode is None else entry.mode
+                attrs.st_mode = stat.S_IFREG | (perm if self.writable else perm & ~0o222)
                 attrs.st_nlink = 1
             attrs.st_uid = self.uid
             attrs.st_gid = self.gid

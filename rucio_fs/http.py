@@ -35,7 +35,7 @@ from urllib.parse import unquote, urlsplit
 import httpx
 import trio
 
-from .errors import NotFound, PermissionDenied, RucioFsError, Unavailable
+from .errors import NotFound, PermissionDenied, RucioFsError, Unauthorized, Unavailable
 
 log = logging.getLogger(__name__)
 # httpx logs every request at INFO: far too much for a daemon's log.
@@ -78,7 +78,9 @@ def status_error(status: int, what: str, detail: str = "") -> RucioFsError:
     message = f"{what}: HTTP {status}" + (f" {detail}" if detail else "")
     if status == 404:
         return NotFound(message)
-    if status in (401, 403):
+    if status == 401:
+        return Unauthorized(message)
+    if status == 403:
         return PermissionDenied(message)
     if status == 412:
         return Unavailable(f"{message} (it changed on the server since it was listed)")
@@ -225,6 +227,17 @@ class ApiClient:
             await trio.sleep(delay)
 
 
+def client_counters(api: ApiClient | None, reader: RangeReader | None) -> Counter[str]:
+    """A backend's request counters: ``api_*`` of its catalog client, ``data_*`` of its
+    data reader."""
+    counters: Counter[str] = Counter()
+    if api is not None:
+        counters.update({f"api_{k}": v for k, v in api.counters.items()})
+    if reader is not None:
+        counters.update({f"data_{k}": v for k, v in reader.counters.items()})
+    return counters
+
+
 def _parse_line(line: bytes, what: str) -> Any:
     try:
         return json.loads(line)
@@ -289,16 +302,21 @@ class RangeReader:
         self._limiter = trio.CapacityLimiter(threads)
 
     async def read(self, url: str, offset: int, size: int,
-                   headers: dict[str, str] | None = None) -> bytes | memoryview:
-        """``headers`` are sent with this read (e.g. ``If-Match``)."""
+                   headers: dict[str, str] | None = None, *,
+                   range_in_url: bool = False) -> bytes | memoryview:
+        """``headers`` are sent with this read (e.g. ``If-Match``). ``range_in_url``: the URL
+        itself names the range (an API such as iRODS's ``op=read&offset&count``), so no
+        ``Range`` header is sent and a 200 answer is the range's bytes."""
         return await trio.to_thread.run_sync(self.read_blocking, url, offset, size, headers,
-                                             limiter=self._limiter, abandon_on_cancel=True)
+                                             range_in_url, limiter=self._limiter,
+                                             abandon_on_cancel=True)
 
     def close(self) -> None:
         self._pool.close()
 
     def read_blocking(self, url: str, offset: int, size: int,
-                      headers: dict[str, str] | None = None) -> bytes | memoryview:
+                      headers: dict[str, str] | None = None,
+                      range_in_url: bool = False) -> bytes | memoryview:
         parts = urlsplit(url)
         if parts.scheme == "file":
             return _pread(unquote(parts.path), offset, size)
@@ -314,7 +332,8 @@ class RangeReader:
                 time.sleep(delay)
             conn = self._pool.get(*key)
             try:
-                data, reusable = self._get(conn, target, offset, size, url, headers)
+                data, reusable = self._get(conn, target, offset, size, url, headers,
+                                           range_in_url)
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -334,11 +353,14 @@ class RangeReader:
         raise Unavailable(f"{_redact(url)}: {failure} after {self.retry.attempts} attempts")
 
     def _get(self, conn: http.client.HTTPConnection, target: str, offset: int, size: int,
-             url: str, headers: dict[str, str] | None) -> tuple[memoryview, bool]:
+             url: str, headers: dict[str, str] | None,
+             range_in_url: bool) -> tuple[memoryview, bool]:
         """One ranged GET: (data, connection reusable)."""
         self.counters["requests"] += 1
-        conn.request("GET", target, headers={
-            **self.headers(), **(headers or {}), "Range": f"bytes={offset}-{offset + size - 1}"})
+        sent = {**self.headers(), **(headers or {})}
+        if not range_in_url:
+            sent["Range"] = f"bytes={offset}-{offset + size - 1}"
+        conn.request("GET", target, headers=sent)
         resp = conn.getresponse()
         if resp.status == 416:  # the object ends before offset
             resp.read()
@@ -346,8 +368,8 @@ class RangeReader:
         if resp.status in RETRYABLE:
             resp.read()
             raise _Retry(f"HTTP {resp.status}")
-        if resp.status == 200 and offset == 0:
-            pass  # the server ignored Range; the first ``size`` bytes are what we want
+        if resp.status == 200 and (offset == 0 or range_in_url):
+            pass  # the range asked for (or the server ignored Range at offset 0)
         elif resp.status == 206:
             start = _content_range_start(resp.getheader("Content-Range", ""))
             if start != offset:
@@ -368,6 +390,10 @@ class RangeReader:
         if got < size and expected:
             raise _Retry(f"body ended after {got} of {got + expected} bytes")
         self.counters["bytes"] += got
+        if resp.chunked and not resp.isclosed() and resp.read(1):
+            # A chunked body longer than the range: the connection is left mid-answer.
+            resp.close()
+            return view[:got].toreadonly(), False
         # The buffer is handed over as is (a read-only view): copying it would cost as much
         # CPU as receiving it.
         data = view[:got].toreadonly()

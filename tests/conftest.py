@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -275,3 +276,182 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
                 os.environ[key] = value
         if not reuse:
             subprocess.run(["bash", str(S3_SCRIPT), "stop", str(base)], timeout=120)
+
+
+IRODS_FAKE = REPO / "tests" / "irods_fake.py"
+
+
+class IrodsServer:
+    """The iRODS HTTP API of the tests: the fake (``tests/irods_fake.py``) started here, or a
+    real server when ``RUCIO_FS_TEST_IRODS_URL`` is set (``http://HOST:PORT/irods-http-api/
+    VERSION``, with ``RUCIO_FS_TEST_IRODS_USER``, ``RUCIO_FS_TEST_IRODS_PASSWORD`` and
+    ``RUCIO_FS_TEST_IRODS_HOME``, a collection the user may write in).
+
+    Tests talk to it through the HTTP API itself (an independent view of what it holds);
+    the fake's test controls (request counts, token expiry, faults) only exist on the fake.
+    """
+
+    def __init__(self, api: str, user: str, password: str, home: str, fake: bool,
+                 process: subprocess.Popen | None = None) -> None:
+        import httpx
+
+        self.api = api.rstrip("/")
+        self.user, self.password, self.home, self.fake = user, password, home, fake
+        self.process = process
+        parts = api.split("/")
+        self.netloc = parts[2]
+        self.zone = home.split("/")[1]
+        self._http = httpx.Client(timeout=60)
+        self._token = ""
+
+    # -- mounting ---------------------------------------------------------------------------
+
+    def url(self, collection: str) -> str:
+        api_path = "/" + "/".join(self.api.split("/")[3:])
+        return f"irods://{self.user}@{self.netloc}{collection}?api_path={api_path}"
+
+    def collection(self, name: str) -> str:
+        """A fresh, empty collection for one test."""
+        path = f"{self.home}/{name}-{uuid.uuid4().hex[:8]}"
+        self.call("POST", "/collections", op="create", lpath=path)
+        return path
+
+    # -- the HTTP API -----------------------------------------------------------------------
+
+    def token(self) -> str:
+        if not self._token:
+            response = self._http.post(self.api + "/authenticate",
+                                       auth=(self.user, self.password))
+            response.raise_for_status()
+            self._token = response.text.strip()
+        return self._token
+
+    def call(self, method: str, endpoint: str, *, content: bytes | None = None,
+             headers: dict[str, str] | None = None, **params: str):
+        for _ in range(2):
+            auth = {"Authorization": f"Bearer {self.token()}", **(headers or {})}
+            if method == "GET":
+                response = self._http.get(self.api + endpoint, params=params, headers=auth)
+            elif content is not None:
+                response = self._http.post(self.api + endpoint, content=content, headers=auth)
+            else:
+                response = self._http.post(self.api + endpoint, data=params, headers=auth)
+            if response.status_code != 401:
+                return response
+            self._token = ""
+        return response
+
+    def read(self, lpath: str) -> bytes | None:
+        response = self.call("GET", "/data-objects", op="read", lpath=lpath)
+        return response.content if response.status_code == 200 else None
+
+    def write(self, lpath: str, data: bytes) -> None:
+        response = self.call("POST", "/data-objects", content=data, headers={
+            "irods-api-request-op": "write", "irods-api-request-lpath": lpath,
+            "Content-Type": "application/octet-stream"})
+        assert response.json()["irods_response"]["status_code"] == 0, response.text
+
+    def kind(self, lpath: str) -> str | None:
+        """``"collection"``, ``"data_object"`` or None."""
+        for endpoint in ("/collections", "/data-objects"):
+            body = self.call("GET", endpoint, op="stat", lpath=lpath).json()
+            if body.get("irods_response", {}).get("status_code") == 0:
+                return body["type"]
+        return None
+
+    def query(self, text: str) -> list[list[str]]:
+        body = self.call("GET", "/query", op="execute_genquery", parser="genquery2",
+                         query=text).json()
+        assert body["irods_response"]["status_code"] == 0, body
+        return body["rows"]
+
+    def avus(self, lpath: str) -> list[tuple[str, str, str]]:
+        parent, _, name = lpath.rpartition("/")
+        rows = self.query("select META_DATA_ATTR_NAME, META_DATA_ATTR_VALUE, "
+                          f"META_DATA_ATTR_UNITS where COLL_NAME = '{parent}' and "
+                          f"DATA_NAME = '{name}'")
+        return sorted((a, v, u) for a, v, u in rows)
+
+    def seed(self, collection: str, files: dict[str, bytes], **extra) -> None:
+        """Store files under ``collection`` (created as needed; ``extra``: fake-only
+        settings such as ``stale`` replicas, ``avus``, ``checksums``, ``owner``, ``acl``)."""
+        import base64
+
+        if self.fake:
+            body = {"collection": collection, "owner": self.user,
+                    "files": {k: base64.b64encode(v).decode() for k, v in files.items()},
+                    **extra}
+            self._http.post(self.netloc_url("/_fake/seed"), json=body).raise_for_status()
+            return
+        assert not extra, "fake-only seed options"
+        from concurrent.futures import ThreadPoolExecutor
+
+        for sub in sorted({f"{collection}/{k}".rpartition("/")[0] for k in files}):
+            self.call("POST", "/collections", op="create", lpath=sub,
+                      **{"create-intermediates": "1"})
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda kv: self.write(f"{collection}/{kv[0]}", kv[1]),
+                          files.items()))
+
+    # -- the fake's controls ----------------------------------------------------------------
+
+    def netloc_url(self, path: str) -> str:
+        return f"http://{self.netloc}{path}"
+
+    def require_fake(self) -> None:
+        if not self.fake:
+            pytest.skip("needs the fake server's test controls")
+
+    def stats(self) -> dict:
+        return self._http.get(self.netloc_url("/_fake/stats")).json()
+
+    def reset_stats(self) -> None:
+        self._http.post(self.netloc_url("/_fake/reset-stats")).raise_for_status()
+
+    def configure(self, **settings) -> None:
+        self._http.post(self.netloc_url("/_fake/config"), json=settings).raise_for_status()
+
+    def requests(self, key: str) -> int:
+        return self.stats()["counts"].get(key, 0)
+
+
+def start_irods_fake(port: int) -> subprocess.Popen:
+    process = subprocess.Popen([sys.executable, str(IRODS_FAKE), "--port", str(port)],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ready":
+        process.kill()
+        raise RuntimeError("the fake iRODS HTTP API did not start")
+    return process
+
+
+@pytest.fixture(scope="session")
+def irods_server() -> Iterator[IrodsServer]:
+    """The fake iRODS HTTP API (stopped by PID at the end), or the real server named by
+    ``RUCIO_FS_TEST_IRODS_URL``. The mount daemons get the password from the environment."""
+    real = os.environ.get("RUCIO_FS_TEST_IRODS_URL")
+    if real:
+        server = IrodsServer(real, os.environ["RUCIO_FS_TEST_IRODS_USER"],
+                             os.environ["RUCIO_FS_TEST_IRODS_PASSWORD"],
+                             os.environ["RUCIO_FS_TEST_IRODS_HOME"], fake=False)
+    else:
+        from irods_fake import API, PASSWORD, USER
+
+        port = free_ports(1)[0]
+        process = start_irods_fake(port)
+        server = IrodsServer(f"http://127.0.0.1:{port}{API}", USER, PASSWORD,
+                             f"/tempZone/home/{USER}", fake=True, process=process)
+    saved = os.environ.get("IRODS_PASSWORD")
+    os.environ["IRODS_PASSWORD"] = server.password
+    os.environ["IRODS_ENVIRONMENT_FILE"] = "/nonexistent/irods_environment.json"
+    try:
+        yield server
+    finally:
+        if saved is None:
+            os.environ.pop("IRODS_PASSWORD", None)
+        else:
+            os.environ["IRODS_PASSWORD"] = saved
+        os.environ.pop("IRODS_ENVIRONMENT_FILE", None)
+        if server.process is not None:
+            server.process.terminate()
+            server.process.wait(timeout=10)

@@ -1,0 +1,630 @@
+"""``irods://`` — an iRODS collection, read-write, through the iRODS HTTP API.
+
+Start. ``/info`` (found under the known API versions unless ``api_path`` is given) gives the
+server's limits, which the mount then honours: upload parts stay within the request body
+limit, a parallel upload asks for at most the streams per handle, and GenQuery1 pages are the
+server's row cap. A password is exchanged for a bearer token, and so is an expired token on
+the first 401 (see :mod:`.irods_auth`). The root collection is checked, and whether the server
+speaks GenQuery2 (with access-list columns) is found out by asking.
+
+Listing and stat: two GenQuery queries at once (see :mod:`.irods_query`); entries carry size,
+time, checksum and the mounting user's permissions as mode bits.
+
+Reading: ``data-objects op=read`` with ``offset``/``count`` through the core's read path,
+several ranges in flight, each at most :data:`READ_MAX` (well inside the API's 30 s request
+timeout).
+
+Writing (see :mod:`rucio_fs.writeback`): a file up to ``part_size`` is one write with
+``truncate`` on (method 2, or a multipart form for a path HTTP headers cannot carry); a
+larger one goes through ``parallel_write_init`` → writes with handle, stream index and offset
+(one request at a time per stream) → ``parallel_write_shutdown``, which runs also when the
+upload fails. An overwrite that fails part-way leaves the object
+partly written (iRODS writes in place, keeping its metadata and access list); the mount
+reports the error at ``close``, keeps the new content staged and retries it. ``mkdir``,
+``rm`` (to the trash unless ``no_trash``), ``rmdir``, ``rename`` (files and directories, in
+place), ``truncate`` and ``touch`` are single calls. Times are whole seconds.
+
+Extended attributes: ``user.irods.checksum`` (read-only) and the AVUs:
+``user.irods.<attribute>`` holds the value (several values of one attribute, one per line);
+``user.irods.<attribute>@units`` holds the units when there are any. Setting them rewrites
+the attribute's AVUs in one atomic ``modify_metadata``.
+
+Every answer is checked twice: the HTTP status and ``irods_response.status_code`` (the API
+answers some failures with HTTP 200 and a negative code).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+from urllib.parse import urlencode
+
+import httpx
+import trio
+
+from rucio_fs.backend import Backend, Capability, Entry, Kind, Upload
+from rucio_fs.errors import (
+    AlreadyExists,
+    NoSuchAttribute,
+    NotEmpty,
+    NotFound,
+    NotPermitted,
+    NotSupported,
+    PermissionDenied,
+    RucioFsError,
+    Unauthorized,
+    Unavailable,
+)
+from rucio_fs.http import ApiClient, RangeReader, RetryPolicy, client_counters, tls_context
+
+from .irods_auth import IrodsAuth
+from .irods_query import Dialect, Folder, Pager, coll_query, data_query, literal, version_of
+from .irods_settings import KNOWN_VERSIONS, IrodsSettings, parse_url
+
+log = logging.getLogger(__name__)
+
+#: Largest range asked for in one read request; larger reads are split and sent at once.
+READ_MAX = 8 << 20
+UNITS_SUFFIX = "@units"
+
+# iRODS error codes (rodsErrorTable.h) that mean something to a file system.
+_NOT_FOUND = frozenset({-310000, -358000, -808000, -814000, -817000})
+_DENIED = frozenset({-818000, -827000, -830000, -840000})
+_EXISTS = frozenset({-809000, -812000})
+_NOT_EMPTY = frozenset({-821000, -79000})
+_UNSUPPORTED = frozenset({-169000})
+_BAD_LOGIN = frozenset({-826000, -827000})
+
+
+def irods_error(code: int, status: int, what: str, message: str) -> RucioFsError:
+    """The typed error for an iRODS answer (``code``: ``irods_response.status_code``)."""
+    detail = f"{what}: " + (f"iRODS error {code}" if code else f"HTTP {status}")
+    if message:
+        detail += f" ({message})"
+    if code in _NOT_FOUND or (not code and status == 404):
+        return NotFound(detail)
+    if code in _DENIED or (not code and status in (401, 403)):
+        return PermissionDenied(detail)
+    if code in _EXISTS:
+        return AlreadyExists(detail)
+    if code in _NOT_EMPTY:
+        return NotEmpty(detail)
+    if code in _UNSUPPORTED:
+        return NotSupported(detail)
+    return Unavailable(detail)
+
+
+def answer(response: httpx.Response, what: str) -> dict[str, Any]:
+    """The JSON body of a successful answer; the typed error of any other."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    status_block = body.get("irods_response") if isinstance(body, dict) else None
+    code = status_block.get("status_code", 0) if isinstance(status_block, dict) else 0
+    if response.status_code == 200 and isinstance(status_block, dict) and code >= 0:
+        return body  # type: ignore[return-value]
+    message = ""
+    if isinstance(status_block, dict):
+        message = str(status_block.get("status_message") or "")
+        failed = status_block.get("failed_operation")
+        if isinstance(failed, dict) and failed.get("error_message"):
+            message = str(failed["error_message"])
+    elif response.status_code == 200:
+        raise Unavailable(f"{what}: answer is not an iRODS HTTP API response")
+    return_code = code if isinstance(code, int) else 0
+    raise irods_error(return_code, response.status_code, what, message[:200])
+
+
+@dataclass
+class _ReadHandle:
+    lpath: str
+    size: int
+
+
+def _split(value: str) -> list[str]:
+    return value.split("\n") if value else [""]
+
+
+class IrodsBackend(Backend):
+    scheme: ClassVar[str] = "irods"
+    description: ClassVar[str] = "iRODS collections through the iRODS HTTP API, read-write"
+    capabilities: ClassVar[Capability] = (Capability.WRITE | Capability.MKDIR
+                                          | Capability.UNLINK | Capability.RENAME
+                                          | Capability.SETXATTR | Capability.TRUNCATE)
+
+    def __init__(self, settings: IrodsSettings) -> None:
+        self.settings = settings
+        self.single_put_max = self.upload_part_size = settings.part_size
+        self.upload_parallelism = 3
+        self.info: dict[str, Any] = {}
+        self.dialect = Dialect("genquery2", True, settings.page_rows, 15)
+        self.principals: frozenset[str] | None = None
+        self.counters_extra: Counter[str] = Counter()
+        self.api: ApiClient | None = None
+        self.reader: RangeReader | None = None
+        self.auth: IrodsAuth | None = None
+        self._plain: ApiClient | None = None
+        self._base = ""
+
+    @classmethod
+    def from_url(cls, url: str) -> IrodsBackend:
+        return cls(parse_url(url))
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        settings = self.settings
+        context = tls_context(settings.ca) if settings.tls else tls_context()
+        self._base = await self._discover(context)
+        self._plain = ApiClient(self._base, verify=context, timeout=settings.timeout)
+        self.auth = IrodsAuth(settings, self._login)
+        self.api = ApiClient(self._base, verify=context, timeout=settings.timeout,
+                             auth=self.auth,
+                             retry=RetryPolicy(attempts=8, backoff=0.1, max_backoff=3.0))
+        self.reader = RangeReader(context=context, timeout=settings.timeout,
+                                  headers=self.auth.header)
+        self._apply_limits(self.info)
+        await self.auth.headers()  # log in now: a wrong password fails the mount
+        await self._choose_dialect()
+        if self.dialect.acls:
+            self.principals = await self._principals()
+
+    async def _discover(self, context: Any) -> str:
+        """The API's base URL (``api_path`` or the newest known version answering /info)."""
+        server = self.settings.server
+        candidates = ([self.settings.api_path] if self.settings.api_path
+                      else [f"/irods-http-api/{v}" for v in KNOWN_VERSIONS])
+        found: dict[str, dict[str, Any]] = {}
+        failures: list[str] = []
+        probe = ApiClient(server, verify=context, timeout=self.settings.timeout,
+                          retry=RetryPolicy(attempts=2))
+
+        async def ask(path: str) -> None:
+            try:
+                response = await probe.request("GET", path + "/info", expect=range(200, 600),
+                                               what=f"{server}{path}/info")
+            except Unavailable as exc:
+                failures.append(str(exc))
+                return
+            if response.status_code == 200:
+                try:
+                    body = response.json()
+                except ValueError:
+                    return
+                if isinstance(body, dict) and "api_version" in body:
+                    found[path] = body
+
+        try:
+            async with trio.open_nursery() as nursery:
+                for path in candidates:
+                    nursery.start_soon(ask, path)
+        finally:
+            await probe.aclose()
+        for path in candidates:
+            if path in found:
+                self.info = found[path]
+                zone = self.info.get("irods_zone")
+                if zone and zone != self.settings.zone:
+                    log.info("zone %s is not the server's own zone %s (federation?)",
+                             self.settings.zone, zone)
+                return server + path
+        if failures and len(failures) == len(candidates):
+            raise Unavailable(f"cannot reach the iRODS HTTP API at {server}: {failures[0]}")
+        raise Unavailable(f"no iRODS HTTP API answers /info at {server} under "
+                          f"{', '.join(candidates)} (give -o api_path=...)")
+
+    def _apply_limits(self, info: Mapping[str, Any]) -> None:
+        body_max = info.get("max_size_of_request_body_in_bytes")
+        if isinstance(body_max, int) and body_max > 0:
+            # Method-2 writes carry only the bytes; keep a little room all the same.
+            part = min(self.settings.part_size, body_max)
+            self.single_put_max = self.upload_part_size = part
+        streams = info.get("max_number_of_streams_per_parallel_write_handle")
+        if isinstance(streams, int) and streams > 0:
+            self.upload_parallelism = min(streams, 8)
+        cap = info.get("max_number_of_rows_per_catalog_query")
+        if isinstance(cap, int) and cap > 0:
+            self.dialect = replace(self.dialect, row_cap=cap)
+
+    async def _login(self, authorization: str) -> str:
+        assert self._plain is not None
+        response = await self._plain.request(
+            "POST", "/authenticate", expect=range(200, 600), what="iRODS login",
+            headers={"Authorization": authorization})
+        token = response.text.strip()
+        if response.status_code == 200 and token:
+            return token
+        if response.status_code in (401, 403):
+            raise PermissionDenied(f"iRODS login as {self.settings.user} refused "
+                                   "(wrong user name or password)")
+        raise Unavailable(f"iRODS login: HTTP {response.status_code}")
+
+    async def _choose_dialect(self) -> None:
+        """GenQuery2 with access lists, else without, else GenQuery1 (``genquery`` option
+        narrows the choice); the probe is the root collection's own query, so a missing
+        root fails the mount here."""
+        root = self.settings.root
+        choices = {"2": [("genquery2", True), ("genquery2", False)],
+                   "1": [("genquery1", False)]}.get(self.settings.genquery, [
+                       ("genquery2", True), ("genquery2", False), ("genquery1", False)])
+        failure: RucioFsError | None = None
+        for parser, acls in choices:
+            dialect = replace(self.dialect, parser=parser, acls=acls)
+            select, where = coll_query(dialect, path=root)
+            try:
+                rows = await self._query(f"select {select} where {where}", parser,
+                                         {"count": "1"} if parser == "genquery1" else {})
+            except (Unavailable, NotSupported) as exc:
+                failure = exc
+                continue
+            self.dialect = dialect
+            if not rows:
+                raise NotFound(f"no collection {root} on {self.settings.server} "
+                               f"(or no access to it)")
+            if parser != "genquery2" or not acls:
+                log.info("listing with %s%s", parser, "" if acls else " without access lists")
+            return
+        raise Unavailable(f"the server answers no usable GenQuery: {failure}")
+
+    async def _principals(self) -> frozenset[str]:
+        """The mounting user, their groups and ``public``: whose permissions count."""
+        user = self.settings.user
+        dialect = replace(self.dialect, parser="genquery1")
+        pager = Pager(self._query, dialect, "USER_GROUP_NAME",
+                      f"USER_NAME = {literal(user)} and USER_ZONE = "
+                      f"{literal(self.settings.zone)}")
+        names = {user, "public"}
+        try:
+            while (rows := await pager.next_page()) is not None:
+                names.update(row[0] for row in rows)
+        except RucioFsError as exc:
+            log.info("group membership of %s unknown (%s); own permissions only", user, exc)
+        return frozenset(names)
+
+    async def aclose(self) -> None:
+        for client in (self.api, self._plain):
+            if client is not None:
+                await client.aclose()
+        if self.reader is not None:
+            self.reader.close()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _api(self) -> ApiClient:
+        assert self.api is not None, "IrodsBackend.start() was not called"
+        return self.api
+
+    async def _get(self, endpoint: str, what: str, **params: str) -> dict[str, Any]:
+        response = await self._api().request("GET", endpoint, params=params,
+                                             expect=range(200, 600), what=what)
+        return answer(response, what)
+
+    async def _post(self, endpoint: str, what: str, **fields: str) -> dict[str, Any]:
+        response = await self._api().request("POST", endpoint, data=fields,
+                                             expect=range(200, 600), what=what)
+        return answer(response, what)
+
+    async def _write(self, lpath: str, data: bytes, what: str, **fields: str) -> None:
+        """A write of ``data``. Method 2 (options in headers, the bytes as the body, streamed
+        into iRODS) when the path is ASCII; HTTP headers cannot carry other text, so such
+        paths use method 1 (a multipart form, buffered by the API; parts fit its limit)."""
+        if lpath.isascii():
+            headers = {"irods-api-request-op": "write", "irods-api-request-lpath": lpath,
+                       "Content-Type": "application/octet-stream"}
+            headers.update({f"irods-api-request-{k}": v for k, v in fields.items()})
+            response = await self._api().request("POST", "/data-objects", content=data,
+                                                 headers=headers, expect=range(200, 600),
+                                                 what=what)
+        else:
+            form = {"op": "write", "lpath": lpath, "count": str(len(data)), **fields}
+            response = await self._api().request(
+                "POST", "/data-objects", data=form,
+                files={"bytes": ("bytes", data, "application/octet-stream")},
+                expect=range(200, 600), what=what)
+        answer(response, what)
+
+    async def _query(self, text: str, parser: str, extra: dict[str, str]) -> list[list[str]]:
+        self.counters_extra[f"queries_{parser}"] += 1
+        body = await self._get("/query", f"query {text[:120]}", op="execute_genquery",
+                               parser=parser, query=text, **extra)
+        rows = body.get("rows")
+        if not isinstance(rows, list) or not all(isinstance(r, list) for r in rows):
+            raise Unavailable(f"query {text[:80]}: answer has no rows")
+        return rows
+
+    def _lpath(self, path: str) -> str:
+        return self.settings.root if path == "/" else self.settings.root + path
+
+    # -- namespace --------------------------------------------------------------------------
+
+    async def list(self, path: str) -> AsyncIterator[Entry]:
+        collection = self._lpath(path)
+        folders = {Kind.DIR: Folder(Kind.DIR, self.principals),
+                   Kind.FILE: Folder(Kind.FILE, self.principals)}
+        pagers = {Kind.DIR: Pager(self._query, self.dialect, *coll_query(self.dialect,
+                                                                         parent=collection)),
+                  Kind.FILE: Pager(self._query, self.dialect, *data_query(self.dialect,
+                                                                          collection))}
+        pages: dict[Kind, list[list[str]] | None] = {}
+
+        async def step(kind: Kind, pager: Pager) -> None:
+            pages[kind] = await pager.next_page()
+
+        while pagers:
+            pages.clear()
+            async with trio.open_nursery() as nursery:
+                for kind, pager in pagers.items():
+                    nursery.start_soon(step, kind, pager)
+            for kind in list(pagers):
+                page = pages[kind]
+                done = pagers[kind].done
+                for entry in folders[kind].fold(page or [], last=done):
+                    yield entry
+                if done:
+                    del pagers[kind]
+
+    async def stat(self, path: str) -> Entry:
+        lpath = self._lpath(path)
+        parent, _, name = lpath.rpartition("/")
+        found: dict[Kind, list[Entry]] = {}
+
+        async def one(kind: Kind, select: str, where: str) -> None:
+            rows = await self._query(f"select {select} where {where}", self.dialect.parser, {})
+            found[kind] = Folder(kind, self.principals).fold(rows, last=True)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, Kind.DIR, *coll_query(self.dialect, path=lpath))
+            if path != "/":
+                nursery.start_soon(one, Kind.FILE, *data_query(self.dialect, parent or "/",
+                                                               name))
+        entries = found.get(Kind.DIR) or found.get(Kind.FILE)
+        if not entries:
+            raise NotFound(path)
+        return replace(entries[0], name=path.rpartition("/")[2])
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def open(self, path: str, entry: Entry) -> _ReadHandle:
+        return _ReadHandle(self._lpath(path), entry.size)
+
+    async def read(self, handle: _ReadHandle, offset: int, size: int) -> bytes | memoryview:
+        size = max(0, min(size, handle.size - offset))
+        if size == 0:
+            return b""
+        if size <= READ_MAX:
+            return await self._read_range(handle.lpath, offset, size)
+        pieces: dict[int, bytes | memoryview] = {}
+
+        async def piece(start: int) -> None:
+            pieces[start] = await self._read_range(handle.lpath, start,
+                                                   min(READ_MAX, offset + size - start))
+
+        async with trio.open_nursery() as nursery:
+            for start in range(offset, offset + size, READ_MAX):
+                nursery.start_soon(piece, start)
+        return b"".join(pieces[start] for start in sorted(pieces))
+
+    async def _read_range(self, lpath: str, offset: int, size: int) -> bytes | memoryview:
+        assert self.reader is not None and self.auth is not None
+        url = self._base + "/data-objects?" + urlencode(
+            {"op": "read", "lpath": lpath, "offset": offset, "count": size})
+        for attempt in range(2):
+            token = self.auth.token
+            try:
+                return await self.reader.read(url, offset, size, range_in_url=True)
+            except Unauthorized:
+                if attempt:
+                    raise
+                await self.auth.refresh_if(token)
+        raise AssertionError("unreachable")
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def _written(self, path: str, size: int) -> Entry:
+        seconds = int(time.time())
+        return Entry(name=path.rpartition("/")[2], kind=Kind.FILE, size=size,
+                     mtime_ns=seconds * 1_000_000_000, version=version_of(seconds, size, ""))
+
+    async def put(self, path: str, data: bytes) -> Entry:
+        lpath = self._lpath(path)
+        if data:
+            await self._write(lpath, data, f"write {lpath}", truncate="1")
+        else:  # an empty body is no write: create the object, then make sure it is empty
+            await self._post("/data-objects", f"create {lpath}", op="touch", lpath=lpath)
+            await self._post("/data-objects", f"truncate {lpath}", op="truncate",
+                             lpath=lpath, size="0")
+        return self._written(path, len(data))
+
+    async def begin_upload(self, path: str) -> _ParallelUpload:
+        lpath = self._lpath(path)
+        body = await self._post("/data-objects", f"upload {lpath}", op="parallel_write_init",
+                                lpath=lpath, **{"stream-count": str(self.upload_parallelism),
+                                                "truncate": "1"})
+        handle = body.get("parallel_write_handle")
+        if not isinstance(handle, str) or not handle:
+            raise Unavailable(f"upload {lpath}: no parallel_write_handle in the answer")
+        self.counters_extra["parallel_uploads"] += 1
+        return _ParallelUpload(self, path, lpath, handle, self.upload_parallelism)
+
+    async def mkdir(self, path: str) -> Entry:
+        lpath = self._lpath(path)
+        body = await self._post("/collections", f"mkdir {lpath}", op="create", lpath=lpath)
+        if body.get("created") is False:
+            raise AlreadyExists(path)
+        return Entry(name=path.rpartition("/")[2], kind=Kind.DIR,
+                     mtime_ns=int(time.time()) * 1_000_000_000)
+
+    def _trash(self) -> dict[str, str]:
+        return {"no-trash": "1"} if self.settings.no_trash else {}
+
+    async def unlink(self, path: str) -> None:
+        lpath = self._lpath(path)
+        await self._post("/data-objects", f"rm {lpath}", op="remove", lpath=lpath,
+                         **{"catalog-only": "0"}, **self._trash())
+
+    async def rmdir(self, path: str) -> None:
+        lpath = self._lpath(path)
+        await self._post("/collections", f"rmdir {lpath}", op="remove", lpath=lpath,
+                         recurse="0", **self._trash())
+
+    async def rename(self, old: str, new: str, entry: Entry) -> Entry:
+        source, target = self._lpath(old), self._lpath(new)
+        endpoint = "/collections" if entry.is_dir else "/data-objects"
+
+        async def move() -> None:
+            await self._post(endpoint, f"rename {source}", op="rename",
+                             **{"old-lpath": source, "new-lpath": target})
+
+        try:
+            await move()
+        except AlreadyExists:
+            # iRODS never replaces; POSIX does (a file by a file, an empty directory by a
+            # directory), so the target goes first.
+            await (self.rmdir(new) if entry.is_dir else self.unlink(new))
+            await move()
+        return replace(entry, name=new.rpartition("/")[2])
+
+    async def truncate(self, path: str, size: int) -> Entry:
+        lpath = self._lpath(path)
+        await self._post("/data-objects", f"truncate {lpath}", op="truncate", lpath=lpath,
+                         size=str(size))
+        return self._written(path, size)
+
+    async def set_mtime(self, path: str, entry: Entry, mtime_ns: int, now: bool) -> Entry:
+        lpath = self._lpath(path)
+        seconds = int(time.time()) if now else mtime_ns // 1_000_000_000
+        await self._post("/collections" if entry.is_dir else "/data-objects",
+                         f"touch {lpath}", op="touch", lpath=lpath,
+                         **{"no-create": "1", "seconds-since-epoch": str(seconds)})
+        version = entry.version if entry.is_dir else version_of(
+            seconds, entry.size, entry.checksums.get("irods", ""))
+        return replace(entry, mtime_ns=seconds * 1_000_000_000, version=version)
+
+    # -- metadata (AVUs) ----------------------------------------------------------------------
+
+    async def _avus(self, path: str, entry: Entry) -> list[tuple[str, str, str]]:
+        lpath = self._lpath(path)
+        if entry.is_dir:
+            select = "META_COLL_ATTR_NAME, META_COLL_ATTR_VALUE, META_COLL_ATTR_UNITS"
+            where = f"COLL_NAME = {literal(lpath)}"
+        else:
+            parent, _, name = lpath.rpartition("/")
+            select = "META_DATA_ATTR_NAME, META_DATA_ATTR_VALUE, META_DATA_ATTR_UNITS"
+            where = f"COLL_NAME = {literal(parent or '/')} and DATA_NAME = {literal(name)}"
+        if self.dialect.parser == "genquery2":
+            rows = await self._query(f"select {select} where {where} "
+                                     f"limit {self.dialect.page_rows}", "genquery2", {})
+        else:
+            pager = Pager(self._query, self.dialect, select, where)
+            rows = []
+            while (page := await pager.next_page()) is not None:
+                rows.extend(page)
+        return [(row[0], row[1], row[2] if len(row) > 2 else "") for row in rows]
+
+    async def xattrs(self, path: str, entry: Entry) -> Mapping[str, bytes]:
+        attrs: dict[str, list[tuple[str, str]]] = {}
+        for name, value, units in await self._avus(path, entry):
+            attrs.setdefault(name, []).append((value, units))
+        result: dict[str, bytes] = {}
+        for name, pairs in attrs.items():
+            pairs.sort()
+            result[f"irods.{name}"] = "\n".join(v for v, _ in pairs).encode()
+            if any(u for _, u in pairs):
+                result[f"irods.{name}{UNITS_SUFFIX}"] = "\n".join(u for _, u in pairs).encode()
+        checksum = entry.checksums.get("irods")
+        if checksum:
+            result["irods.checksum"] = checksum.encode()
+        return result
+
+    async def set_xattr(self, path: str, entry: Entry, name: str, value: bytes | None) -> Entry:
+        if name == "irods.checksum":
+            raise NotPermitted("user.irods.checksum is computed by iRODS")
+        if not name.startswith("irods.") or len(name) == len("irods."):
+            raise NotSupported(f"only user.irods.* attributes are stored, not user.{name}")
+        try:
+            text = None if value is None else value.decode()
+        except UnicodeDecodeError:
+            raise NotSupported(f"user.{name}: AVU values are UTF-8 text") from None
+        attribute = name[len("irods."):]
+        units_only = attribute.endswith(UNITS_SUFFIX)
+        if units_only:
+            attribute = attribute[:-len(UNITS_SUFFIX)]
+        current = [(v, u) for a, v, u in await self._avus(path, entry) if a == attribute]
+        if text is None and not (current and (not units_only or any(u for _, u in current))):
+            raise NoSuchAttribute(f"{path}: no user.{name}")
+        if units_only:
+            units = _split(text or "")
+            if text is not None and len(units) not in (1, len(current)):
+                raise NotSupported(f"user.{name}: give one unit or one per value")
+            if not current:
+                raise NoSuchAttribute(f"{path}: no user.irods.{attribute} to give units to")
+            wanted = [(v, units[i] if len(units) > 1 else units[0])
+                      for i, (v, _) in enumerate(sorted(current))]
+        elif text is None:
+            wanted = []
+        else:
+            values = _split(text)
+            old_units = {u for _, u in current}
+            keep = old_units.pop() if len(old_units) == 1 else ""
+            wanted = [(v, keep) for v in values]
+        operations = [{"operation": "remove", "attribute": attribute, "value": v,
+                       **({"units": u} if u else {})} for v, u in current]
+        operations += [{"operation": "add", "attribute": attribute, "value": v,
+                        **({"units": u} if u else {})} for v, u in wanted]
+        lpath = self._lpath(path)
+        await self._post("/collections" if entry.is_dir else "/data-objects",
+                         f"metadata of {lpath}", op="modify_metadata", lpath=lpath,
+                         operations=json.dumps(operations))
+        return entry
+
+    def counters(self) -> Mapping[str, int]:
+        counters = client_counters(self.api, self.reader) + self.counters_extra
+        if self.auth is not None:
+            counters["logins"] = self.auth.logins
+        return counters
+
+
+class _ParallelUpload(Upload):
+    """One parallel write handle: part ``n`` goes to stream ``(n - 1) % streams``, one request
+    at a time per stream (the API requires it when the stream index is given)."""
+
+    def __init__(self, backend: IrodsBackend, path: str, lpath: str, handle: str,
+                 streams: int) -> None:
+        self.backend = backend
+        self.path = path
+        self.lpath = lpath
+        self.handle = handle
+        self.streams = [trio.Lock() for _ in range(streams)]
+        self._closed = False
+
+    async def write_part(self, number: int, offset: int, data: bytes) -> None:
+        index = (number - 1) % len(self.streams)
+        async with self.streams[index]:
+            await self.backend._write(
+                self.lpath, data, f"part {number} of {self.lpath}", offset=str(offset),
+                truncate="0", **{"parallel-write-handle": self.handle,
+                                 "stream-index": str(index)})
+
+    async def _shutdown(self) -> None:
+        self._closed = True
+        await self.backend._post("/data-objects", f"finish upload of {self.lpath}",
+                                 op="parallel_write_shutdown",
+                                 **{"parallel-write-handle": self.handle})
+
+    async def commit(self, size: int) -> Entry:
+        await self._shutdown()
+        return self.backend._written(self.path, size)
+
+    async def abort(self) -> None:
+        if self._closed:
+            return
+        try:
+            await self._shutdown()
+        except RucioFsError as exc:
+            log.warning("closing the upload of %s failed: %s", self.lpath, exc)
