@@ -105,20 +105,20 @@ def answer(response: httpx.Response, what: str) -> dict[str, Any]:
         body = response.json()
     except ValueError:
         body = None
-    status_block = body.get("irods_response") if isinstance(body, dict) else None
-    code = status_block.get("status_code", 0) if isinstance(status_block, dict) else 0
-    if response.status_code == 200 and isinstance(status_block, dict) and code >= 0:
+    block = body.get("irods_response") if isinstance(body, dict) else None
+    if not isinstance(block, dict):
+        if response.status_code == 200:
+            raise Unavailable(f"{what}: answer is not an iRODS HTTP API response")
+        raise irods_error(0, response.status_code, what, "")
+    code = block.get("status_code", 0)
+    if not isinstance(code, int):
+        raise Unavailable(f"{what}: status_code {code!r} is not a number")
+    if response.status_code == 200 and code >= 0:
         return body  # type: ignore[return-value]
-    message = ""
-    if isinstance(status_block, dict):
-        message = str(status_block.get("status_message") or "")
-        failed = status_block.get("failed_operation")
-        if isinstance(failed, dict) and failed.get("error_message"):
-            message = str(failed["error_message"])
-    elif response.status_code == 200:
-        raise Unavailable(f"{what}: answer is not an iRODS HTTP API response")
-    return_code = code if isinstance(code, int) else 0
-    raise irods_error(return_code, response.status_code, what, message[:200])
+    failed = block.get("failed_operation")
+    message = ((failed.get("error_message") if isinstance(failed, dict) else None)
+               or block.get("status_message") or "")
+    raise irods_error(code, response.status_code, what, str(message)[:200])
 
 
 @dataclass
@@ -222,7 +222,6 @@ class IrodsBackend(Backend):
     def _apply_limits(self, info: Mapping[str, Any]) -> None:
         body_max = info.get("max_size_of_request_body_in_bytes")
         if isinstance(body_max, int) and body_max > 0:
-            # Method-2 writes carry only the bytes; keep a little room all the same.
             part = min(self.settings.part_size, body_max)
             self.single_put_max = self.upload_part_size = part
         streams = info.get("max_number_of_streams_per_parallel_write_handle")
@@ -612,10 +611,10 @@ class _ParallelUpload(Upload):
                                  "stream-index": str(index)})
 
     async def _shutdown(self) -> None:
-        self._closed = True
         await self.backend._post("/data-objects", f"finish upload of {self.lpath}",
                                  op="parallel_write_shutdown",
                                  **{"parallel-write-handle": self.handle})
+        self._closed = True  # a failed shutdown is tried again by abort()
 
     async def commit(self, size: int) -> Entry:
         await self._shutdown()

@@ -49,7 +49,8 @@ _READ = frozenset({"read", "read_object", "read object", "create_metadata", "mod
                    "delete_metadata", "create_object", "write", "modify_object",
                    "modify object", "delete_object", "own"})
 _WRITE = frozenset({"write", "modify_object", "modify object", "delete_object", "own"})
-_NO_CHECKSUMS: Mapping[str, str] = MappingProxyType({})
+#: The checksums and metadata of most listed objects, shared.
+_EMPTY: Mapping[str, str] = MappingProxyType({})
 #: GenQuery1 pages fetched at once.
 GQ1_WINDOW = 8
 
@@ -221,8 +222,8 @@ class Folder:
             raise Unavailable(f"query answer: bad size or time in {best[:3]}") from None
         checksum = best[3]
         return Entry(best[0], Kind.FILE, size, seconds * 1_000_000_000,
-                     checksums_of(checksum) if checksum else _NO_CHECKSUMS, False,
-                     f"{seconds}:{size}:{checksum}", _NO_CHECKSUMS,
+                     checksums_of(checksum) if checksum else _EMPTY, False,
+                     version_of(seconds, size, checksum), _EMPTY,
                      self._mode(rows, len(DATA_COLUMNS), directory=False))
 
     def _dir(self, rows: list[list[str]]) -> Entry:
@@ -257,6 +258,5 @@ def checksums_of(raw: str) -> Mapping[str, str]:
 def version_of(seconds: int, size: int, checksum: str) -> str:
     """What identifies a data object's content: iRODS keeps no etag, so its modification
     second, size and checksum (a rewrite within the same second to the same size is not
-    seen until the next listing shows another checksum; NFSRODS has the same limit).
-    :class:`Folder` builds the same text inline (it runs once per listed object)."""
+    seen until the next listing shows another checksum; NFSRODS has the same limit)."""
     return f"{seconds}:{size}:{checksum}"

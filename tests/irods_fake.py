@@ -616,10 +616,9 @@ class Handler(BaseHTTPRequestHandler):
                       body: bytes) -> None:
         state = self.state
         if self.headers.get("irods-api-request-op"):
-            params = {name[len("irods-api-request-"):]: value
+            params = {name[len("irods-api-request-"):].lower(): value
                       for name, value in self.headers.items()
                       if name.lower().startswith("irods-api-request-")}
-            params = {k.lower(): v for k, v in params.items()}
         lpath = params.get("lpath", "")
         if op == "read":
             self._read(user, params)
