@@ -71,6 +71,8 @@ log = logging.getLogger(__name__)
 #: Largest range asked for in one read request; larger reads are split and sent at once.
 READ_MAX = 8 << 20
 UNITS_SUFFIX = "@units"
+#: Bytes a multipart write form adds around the data (fields, boundaries), with room to spare.
+FORM_ROOM = 64 << 10
 
 # iRODS error codes (rodsErrorTable.h) that mean something to a file system.
 _NOT_FOUND = frozenset({-310000, -358000, -808000, -814000, -817000})
@@ -221,8 +223,9 @@ class IrodsBackend(Backend):
 
     def _apply_limits(self, info: Mapping[str, Any]) -> None:
         body_max = info.get("max_size_of_request_body_in_bytes")
-        if isinstance(body_max, int) and body_max > 0:
-            part = min(self.settings.part_size, body_max)
+        if isinstance(body_max, int) and body_max > FORM_ROOM:
+            # the limit covers the whole request body: room for a method-1 form's fields
+            part = min(self.settings.part_size, body_max - FORM_ROOM)
             self.single_put_max = self.upload_part_size = part
         streams = info.get("max_number_of_streams_per_parallel_write_handle")
         if isinstance(streams, int) and streams > 0:

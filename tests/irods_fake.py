@@ -470,6 +470,11 @@ class Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         params = dict(parse_qsl(parts.query, keep_blank_values=True))
         body = self._body() if method == "POST" else b""
+        if len(body) > MAX_BODY and not parts.path.startswith("/_fake/"):
+            # the limit is on the whole request body, form overhead included
+            self._json(413, {"irods_response": {"status_code": SYS_INVALID_INPUT_PARAM,
+                                                "status_message": "body limit exceeded"}})
+            return
         if parts.path.startswith("/_fake/"):
             self._control(parts.path[len("/_fake/"):], params, body)
             return
@@ -754,8 +759,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _write(self, user: str, params: dict[str, str], body: bytes) -> None:
         state = self.state
-        if len(body) > MAX_BODY:
-            raise Failure(SYS_INVALID_INPUT_PARAM, "request body too large", http=413)
         offset = int(params.get("offset") or 0)
         handle_id = params.get("parallel-write-handle")
         if handle_id:
