@@ -137,7 +137,7 @@ class State:
         for path in ("/", f"/{zone}", f"/{zone}/home", f"/{zone}/trash",
                      f"/{zone}/trash/home", f"/{zone}/home/public"):
             self.colls[path] = self.new_coll({"rods": "own", "public": "read_object"})
-        for user in (USER, OTHER):
+        for user in (USER, OTHER, "rods"):
             self.colls[f"/{zone}/home/{user}"] = self.new_coll({user: "own"})
             self.colls[f"/{zone}/trash/home/{user}"] = self.new_coll({user: "own"})
 

@@ -3,6 +3,7 @@
 # SQLite, memcached, and an nginx WebDAV storage element (RSE "DAV", http + https with a
 # self-signed certificate), populated with the test catalog (see rucio_populate.py).
 #
+#   rucio.sh install DIR           install what is missing (apt packages, the server's virtualenv)
 #   rucio.sh start DIR [--bench]   install what is missing, start, populate; writes DIR/server.env
 #   rucio.sh stop DIR              stop every process it started, by PID
 #   rucio.sh stop-storage DIR      stop only the storage (nginx); start-storage DIR starts it again
@@ -13,7 +14,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-cmd=${1:?usage: rucio.sh start|stop|stop-storage|start-storage DIR [--bench]}
+cmd=${1:?usage: rucio.sh install|start|stop|stop-storage|start-storage DIR [--bench]}
 BASE=$(mkdir -p "${2:?usage: rucio.sh $cmd DIR}" && cd "$2" && pwd)
 RUCIO_VERSION=41.5.1
 RUCIO_PORT=${RUCIO_PORT:-18080}; DAV_HTTP=${DAV_HTTP:-18081}; DAV_HTTPS=${DAV_HTTPS:-18443}
@@ -25,7 +26,28 @@ log() { printf 'rucio.sh: %s\n' "$*" >&2; }
 . "$here/common.sh"
 start_storage() { nginx -c "$BASE/nginx.conf"; }
 
+install() {
+  need_apt=()
+  for pkg in nginx-light libnginx-mod-http-dav-ext memcached openssl curl python3-venv; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+  done
+  if ((${#need_apt[@]})); then
+    log "apt-get install ${need_apt[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  fi
+  if [ ! -x "$VENV/bin/gunicorn" ]; then
+    log "installing rucio $RUCIO_VERSION into $VENV"
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q "rucio==$RUCIO_VERSION" gunicorn >"$BASE/pip.log" 2>&1 \
+      || { cat "$BASE/pip.log" >&2; exit 1; }
+  fi
+}
+
 case $cmd in
+  install) install; exit 0 ;;
   stop)
     for name in gunicorn nginx memcached; do stop_pidfile "$BASE/$name.pid"; done
     exit 0 ;;
@@ -35,24 +57,8 @@ case $cmd in
   *) log "unknown command $cmd"; exit 2 ;;
 esac
 bench=0; [ "${3:-}" = --bench ] && bench=1
+install
 
-need_apt=()
-for pkg in nginx-light libnginx-mod-http-dav-ext memcached openssl curl python3-venv; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
-done
-if ((${#need_apt[@]})); then
-  log "apt-get install ${need_apt[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
-fi
-if [ ! -x "$VENV/bin/gunicorn" ]; then
-  log "installing rucio $RUCIO_VERSION into $VENV"
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q "rucio==$RUCIO_VERSION" gunicorn >"$BASE/pip.log" 2>&1 \
-    || { cat "$BASE/pip.log" >&2; exit 1; }
-fi
 SITE=$("$VENV/bin/python" -c 'import os, rucio; print(os.path.dirname(rucio.__file__))')
 
 mkdir -p "$BASE"/{etc,logs,webdav/rucio,nginx-tmp}

@@ -5,7 +5,8 @@
 #   moto server (pip, in the project's venv) — keeps every key exactly as written (a//b, x/../y,
 #   an object k beside k/child), which a posix-backed server normalises or refuses.
 #
-#   s3.sh start DIR     build versitygw if missing, start both, create bucket "test" on each;
+#   s3.sh install DIR   build versitygw and install moto if missing
+#   s3.sh start DIR     install what is missing, start both, create bucket "test" on each;
 #                       writes DIR/server.env (endpoints and credentials)
 #   s3.sh stop DIR      stop both, by PID
 #   s3.sh stop-gw DIR / start-gw DIR   stop or start only versitygw (server-down tests)
@@ -15,7 +16,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-cmd=${1:?usage: s3.sh start|stop|stop-gw|start-gw DIR}
+cmd=${1:?usage: s3.sh install|start|stop|stop-gw|start-gw DIR}
 BASE=$(mkdir -p "${2:?usage: s3.sh $cmd DIR}" && cd "$2" && pwd)
 VGW_VERSION=v1.8.0
 VGW_PORT=${VGW_PORT:-17070}; MOTO_PORT=${MOTO_PORT:-17071}
@@ -44,7 +45,25 @@ start_gw() {
   wait_http "http://127.0.0.1:$VGW_PORT/"
 }
 
+install() {
+  command -v curl >/dev/null || {
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends curl >/dev/null
+  }
+  if [ ! -x "$VGW" ]; then
+    command -v go >/dev/null || { log "Go is needed to build versitygw (https://go.dev/dl)"; exit 1; }
+    log "building versitygw $VGW_VERSION into $VGW (about 3.5 min when cold)"
+    GOBIN=$(dirname "$VGW") go install "github.com/versity/versitygw/cmd/versitygw@$VGW_VERSION" \
+      >"$BASE/go-install.log" 2>&1 || { tail -20 "$BASE/go-install.log" >&2; exit 1; }
+  fi
+  "$PY" -c 'import moto.server' 2>/dev/null || {
+    log "installing moto[server] into $("$PY" -c 'import sys; print(sys.prefix)')"
+    "$PY" -m pip install -q 'moto[server]>=5.0' >"$BASE/pip.log" 2>&1 || { cat "$BASE/pip.log" >&2; exit 1; }
+  }
+}
+
 case $cmd in
+  install) install; exit 0 ;;
   stop)
     for name in versitygw moto; do stop_pidfile "$BASE/$name.pid"; done
     exit 0 ;;
@@ -54,20 +73,7 @@ case $cmd in
   *) log "unknown command $cmd"; exit 2 ;;
 esac
 
-command -v curl >/dev/null || {
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends curl >/dev/null
-}
-if [ ! -x "$VGW" ]; then
-  command -v go >/dev/null || { log "Go is needed to build versitygw (https://go.dev/dl)"; exit 1; }
-  log "building versitygw $VGW_VERSION into $VGW (about 3.5 min when cold)"
-  GOBIN=$(dirname "$VGW") go install "github.com/versity/versitygw/cmd/versitygw@$VGW_VERSION" \
-    >"$BASE/go-install.log" 2>&1 || { tail -20 "$BASE/go-install.log" >&2; exit 1; }
-fi
-"$PY" -c 'import moto.server' 2>/dev/null || {
-  log "installing moto[server] into $("$PY" -c 'import sys; print(sys.prefix)')"
-  "$PY" -m pip install -q 'moto[server]>=5.0' >"$BASE/pip.log" 2>&1 || { cat "$BASE/pip.log" >&2; exit 1; }
-}
+install
 
 mkdir -p "$BASE/vgw-data"
 cat >"$BASE/server.env" <<EOF
