@@ -19,7 +19,6 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlencode
 
-from common import Mount, timed
+from common import Mount, irods_fake_control, start_irods_fake, timed
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
@@ -36,25 +35,6 @@ from irods_fake import API, PASSWORD, USER  # noqa: E402
 from rucio_fs.backends.irods_query import Dialect, coll_query, data_query  # noqa: E402
 
 NFSRODS = {"cold_s": 9.3, "cached_s": 0.058}
-
-
-def start_fake() -> tuple[subprocess.Popen, int]:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen([sys.executable, str(REPO / "tests" / "irods_fake.py"),
-                                "--port", str(port)], stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-    return process, port
-
-
-def control(port: int, name: str, body: dict) -> None:
-    conn = http.client.HTTPConnection("127.0.0.1", port)
-    conn.request("POST", f"/_fake/{name}", json.dumps(body))
-    assert conn.getresponse().status == 200
-    conn.close()
 
 
 def raw_listing(port: int, collection: str, rows: int) -> float:
@@ -98,15 +78,15 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    process, port = start_fake()
+    process, port = start_irods_fake()
     os.environ["IRODS_PASSWORD"] = PASSWORD
     os.environ["IRODS_ENVIRONMENT_FILE"] = "/nonexistent"
     collection = f"/tempZone/home/{USER}/bench"
     try:
         files = {f"f{i:06d}.dat": base64.b64encode(i.to_bytes(4, "big") * 1024).decode()
                  for i in range(args.entries)}
-        control(port, "seed", {"collection": collection, "owner": USER, "files": files})
-        control(port, "config", {"latency_ms": args.latency_ms})
+        irods_fake_control(port, "seed", {"collection": collection, "owner": USER, "files": files})
+        irods_fake_control(port, "config", {"latency_ms": args.latency_ms})
         raw = [raw_listing(port, collection, args.entries + 1) for _ in range(args.repeat)]
         url = f"irods://{USER}@127.0.0.1:{port}{collection}?api_path={API}"
         cold, warm, cached = [], [], []

@@ -24,7 +24,6 @@ import hashlib
 import http.client
 import json
 import os
-import random
 import re
 import shutil
 import subprocess
@@ -36,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-from common import Mount, drop_page_cache, timed
+from common import Mount, drop_page_cache, s3_peer_mount, small_tree, timed
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "servers" / "s3.sh"
@@ -124,55 +123,6 @@ def exp_ls(env: dict, root: Path, objects: int, repeat: int) -> dict:
     return result
 
 
-def small_tree(root: Path, files: int) -> int:
-    """GeeseFS's tree: ``files`` files over 32x32 directories, 0.5-300 KB, ~30 KB mean."""
-    rng = random.Random(42)
-    total = 0
-    for i in range(files):
-        d = root / f"d{i % 32:02d}" / f"e{(i // 32) % 32:02d}"
-        d.mkdir(parents=True, exist_ok=True)
-        size = int(min(300_000, max(500, rng.expovariate(1 / 30_000))))
-        (d / f"f{i:05d}").write_bytes(rng.randbytes(size))
-        total += size
-    return total
-
-
-@contextmanager
-def peer_mount(kind: str, env: dict, prefix: str, root: Path):
-    path = Path(tempfile.mkdtemp(dir=root))
-    endpoint = env["VGW_ENDPOINT"]
-    if kind == "rucio-fs":
-        mount = Mount(root, f"s3://test/{prefix}", "-o", f"endpoint_url={endpoint}")
-        try:
-            yield mount.path
-        finally:
-            mount.unmount()
-        return
-    if kind == "s3fs":
-        secrets = root / "s3fs.passwd"
-        secrets.write_text(f"{env['AWS_ACCESS_KEY_ID']}:{env['AWS_SECRET_ACCESS_KEY']}\n")
-        secrets.chmod(0o600)
-        subprocess.run(["s3fs", "test:/" + prefix, str(path), "-o",
-                        f"url={endpoint},use_path_request_style,passwd_file={secrets},"
-                        "endpoint=us-east-1"], check=True)
-    else:
-        peer_env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
-        peer_env.update({"RCLONE_CONFIG_S3_TYPE": "s3", "RCLONE_CONFIG_S3_PROVIDER": "Other",
-                         "RCLONE_CONFIG_S3_ENDPOINT": endpoint,
-                         "RCLONE_CONFIG_S3_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"],
-                         "RCLONE_CONFIG_S3_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"],
-                         "RCLONE_CONFIG_S3_ENV_AUTH": "false"})
-        subprocess.run(["rclone", "mount", f"s3:test/{prefix}", str(path), "--daemon",
-                        "--use-server-modtime"], check=True, env=peer_env)
-    deadline = time.monotonic() + 20
-    while not os.path.ismount(path) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield path
-    finally:
-        subprocess.run(["fusermount3", "-u", str(path)])
-
-
 def exp_small(env: dict, root: Path, files: int, peers: list[str]) -> dict:
     source = root / "small-source"
     total = small_tree(source, files)
@@ -180,7 +130,7 @@ def exp_small(env: dict, root: Path, files: int, peers: list[str]) -> dict:
     results = {}
     for kind in ["rucio-fs", *peers]:
         prefix = f"small-{kind}-{uuid.uuid4().hex[:6]}"
-        with peer_mount(kind, env, prefix, root) as mnt:
+        with s3_peer_mount(kind, env, prefix, root) as mnt:
             copy = timed(["cp", "-r", str(source), str(mnt / "tree")])
             remove = timed(["rm", "-r", str(mnt / "tree")])
         results[kind] = {"cp_s": copy, "rm_s": remove}
@@ -197,10 +147,10 @@ def exp_big(env: dict, root: Path, mib: int, peers: list[str]) -> dict:
     results = {}
     for kind in ["rucio-fs", *[p for p in peers if p == "s3fs"]]:
         prefix = f"big-{kind}-{uuid.uuid4().hex[:6]}"
-        with peer_mount(kind, env, prefix, root) as mnt:
+        with s3_peer_mount(kind, env, prefix, root) as mnt:
             drop_page_cache()
             write = timed(["dd", f"if={source}", f"of={mnt / 'big'}", "bs=1M"])
-        with peer_mount(kind, env, prefix, root) as mnt:
+        with s3_peer_mount(kind, env, prefix, root) as mnt:
             drop_page_cache()
             read = timed(["cat", str(mnt / "big")])
         mb = mib * (1 << 20) / 1e6

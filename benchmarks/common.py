@@ -6,7 +6,11 @@ this directory on ``sys.path``).
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
+import random
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 RUCIO_FS = [sys.executable, "-m", "rucio_fs"]
+IRODS_FAKE = Path(__file__).resolve().parent.parent / "tests" / "irods_fake.py"
 
 
 class Mount:
@@ -101,3 +106,73 @@ def rclone_http_mount(root: Path, storage_url: str, wait_for: str) -> Iterator[P
     finally:
         subprocess.run(["fusermount3", "-u", str(path)], check=False)
         proc.wait(timeout=30)
+
+
+def start_irods_fake() -> tuple[subprocess.Popen, int]:
+    """``tests/irods_fake.py`` on a free port of 127.0.0.1; stop it with ``terminate()``."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen([sys.executable, str(IRODS_FAKE),
+                                "--port", str(port)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    return process, port
+
+
+def irods_fake_control(port: int, name: str, body: dict) -> None:
+    """POST ``body`` to the fake's ``/_fake/<name>`` (seed, config, ...)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn.request("POST", f"/_fake/{name}", json.dumps(body))
+    assert conn.getresponse().status == 200
+    conn.close()
+
+
+def small_tree(root: Path, files: int) -> int:
+    """GeeseFS's tree: ``files`` files over 32x32 directories, 0.5-300 KB, ~30 KB mean."""
+    rng = random.Random(42)
+    total = 0
+    for i in range(files):
+        d = root / f"d{i % 32:02d}" / f"e{(i // 32) % 32:02d}"
+        d.mkdir(parents=True, exist_ok=True)
+        size = int(min(300_000, max(500, rng.expovariate(1 / 30_000))))
+        (d / f"f{i:05d}").write_bytes(rng.randbytes(size))
+        total += size
+    return total
+
+
+@contextmanager
+def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path) -> Iterator[Path]:
+    """``prefix`` of bucket ``test`` mounted by rucio-fs, ``s3fs`` or ``rclone`` (``env``: the
+    ``server.env`` of ``scripts/servers/s3.sh``); unmounted on exit."""
+    path = Path(tempfile.mkdtemp(dir=root))
+    endpoint = env["VGW_ENDPOINT"]
+    if kind == "rucio-fs":
+        mount = Mount(root, f"s3://test/{prefix}", "-o", f"endpoint_url={endpoint}")
+        try:
+            yield mount.path
+        finally:
+            mount.unmount()
+        return
+    if kind == "s3fs":
+        secrets = root / "s3fs.passwd"
+        secrets.write_text(f"{env['AWS_ACCESS_KEY_ID']}:{env['AWS_SECRET_ACCESS_KEY']}\n")
+        secrets.chmod(0o600)
+        subprocess.run(["s3fs", "test:/" + prefix, str(path), "-o",
+                        f"url={endpoint},use_path_request_style,passwd_file={secrets},"
+                        "endpoint=us-east-1"], check=True)
+    else:
+        peer_env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
+        peer_env.update({"RCLONE_CONFIG_S3_TYPE": "s3", "RCLONE_CONFIG_S3_PROVIDER": "Other",
+                         "RCLONE_CONFIG_S3_ENDPOINT": endpoint,
+                         "RCLONE_CONFIG_S3_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"],
+                         "RCLONE_CONFIG_S3_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"],
+                         "RCLONE_CONFIG_S3_ENV_AUTH": "false"})
+        subprocess.run(["rclone", "mount", f"s3:test/{prefix}", str(path), "--daemon",
+                        "--use-server-modtime"], check=True, env=peer_env)
+    deadline = time.monotonic() + 20
+    while not os.path.ismount(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield path
+    finally:
+        subprocess.run(["fusermount3", "-u", str(path)])

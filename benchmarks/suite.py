@@ -1,7 +1,8 @@
 """The published experiments, reproduced on any landed backend: one command, one results directory.
 
-    python benchmarks/suite.py --backend demo|rucio [--experiments ls,users,cat,nfsrods,local,peers]
+    python benchmarks/suite.py --backend demo|rucio|s3|irods [--experiments ls,users,...]
                                [--repeat 10] [--smoke] [--server DIR] [--out DIR]
+                               [--big-write SIZE] [--peers s3fs,rclone]
 
 Writes into ``--out`` (default ``benchmarks/results/<time>-<backend>/``): ``results.json`` (machine,
 versions, backend, each mount's cache configuration from ``rucio-fs stats``, every
@@ -15,14 +16,24 @@ twin as baseline), ``users`` (Figure 2: 1...100 concurrent ls processes, cold/wa
 on/off, backend listings counted), ``cat`` (small files cold vs warm, the 4.2 GB file's
 throughput and byte identity), ``nfsrods`` (the NFSRODS table: ``ls | wc -l``, no cache vs cached),
 ``local`` (the same reads from a local copy vs the mount, per-file time histograms), ``peers``
-(rclone mount of the Rucio storage, when installed). The GeeseFS and mdtest experiments need a
-writable backend; they are listed as not run until one has landed. ``--smoke`` runs every
-experiment in seconds (CI runs it so the suite cannot rot).
+(rclone mount of the Rucio storage, when installed), and on the writable backends (S3, iRODS):
+``geesefs`` (GeeseFS's tests: ``cp -r`` of 6,400 small files in 1,024 directories, ``rm -r``,
+then a 10 GB write and cold read, ``--big-write`` sets the size; beside the same on local disk,
+and beside s3fs and rclone on S3 when installed) and ``mdtest`` (mdtest's ``-b 6 -I 8 -z 4``
+shape: tree, directory and file create/stat/read/remove rates beside local disk).
+
+Backends: ``demo``; ``rucio`` (``--server DIR`` of ``scripts/servers/rucio.sh``, else one is
+started); ``s3`` (``--server DIR`` of ``scripts/servers/s3.sh``, else one is started; the
+catalog is written straight into versitygw's posix directory); ``irods`` (the fake iRODS HTTP
+API of ``tests/irods_fake.py``, started here; it holds data in memory, so its big file is
+256 MiB at most). ``--smoke`` runs every experiment in seconds (CI runs it on every backend so
+the suite cannot rot).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import csv
 import hashlib
 import json
@@ -34,7 +45,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,19 +56,24 @@ from common import (
     RUCIO_FS,
     Mount,
     drop_page_cache,
+    irods_fake_control,
     rclone_http_mount,
     read_whole,
+    s3_peer_mount,
+    small_tree,
+    start_irods_fake,
     timed,
     tmpfs_twin,
 )
 
 REPO = Path(__file__).resolve().parent.parent
-SERVER = REPO / "scripts" / "servers" / "rucio.sh"
-EXPERIMENTS = ("ls", "users", "cat", "nfsrods", "local", "peers")
-NOT_RUN = {"geesefs": "GeeseFS small-file and 10 GB write tests need a writable backend "
-                      "(S3 or iRODS issue)",
-           "mdtest": "mdtest-like metadata rates need a writable backend (S3 or iRODS issue)"}
+SERVERS = REPO / "scripts" / "servers"
+EXPERIMENTS = ("ls", "users", "cat", "nfsrods", "local", "peers", "geesefs", "mdtest")
+WRITE_ONLY = {"geesefs": "GeeseFS small-file and big-write tests need a writable backend",
+              "mdtest": "mdtest-like metadata rates need a writable backend"}
 BIG_SIZE = 4_509_715_660
+SMALL = 4096
+FAKE_BIG_MAX = 256 << 20  # the fake iRODS server keeps every byte in memory
 
 
 @dataclass
@@ -71,6 +89,13 @@ class Target:
     storage_url: str = ""             # http root of the storage, for peers and curl baselines
     big_url: str = ""
     big_local: str = ""               # the big file's bytes on local disk (Rucio's storage)
+    big_size: int = BIG_SIZE
+    big_checksummed: bool = True      # the mount verifies the big file's catalog checksum
+    writable: str = ""                # URL of an empty writable directory ("": read-only)
+    server_env: dict[str, str] = field(default_factory=dict)
+
+    def not_run(self) -> dict[str, str]:
+        return {} if self.writable else WRITE_ONLY
 
 
 def demo_target() -> Target:
@@ -88,6 +113,82 @@ def rucio_target(server: Path) -> Target:
     return Target("rucio", "rucio:///bench?schemes=http", {n: f"ds{n}" for n in sizes},
                   "ds1000", f"big/frame-{BIG_SIZE}.gwf", {"RUCIO_CONFIG": env["RUCIO_CONFIG"]},
                   storage, storage + str(big.relative_to(Path(env["DAV_ROOT"]))), str(big))
+
+
+def read_env(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def random_file(path: Path, size: int) -> str:
+    """``size`` random bytes written to ``path``; returns their md5."""
+    md5 = hashlib.md5()
+    with open(path, "wb") as f:
+        for offset in range(0, size, 64 << 20):
+            chunk = os.urandom(min(64 << 20, size - offset))
+            md5.update(chunk)
+            f.write(chunk)
+    return md5.hexdigest()
+
+
+def small_content(i: int) -> bytes:
+    return i.to_bytes(4, "big") * (SMALL // 4)
+
+
+def s3_target(server: Path, sizes: list[int], big_bytes: int) -> Target:
+    """The catalog written straight into versitygw's posix directory (a file plus its ETag
+    xattr per object, as versitygw stores them): far quicker than uploading it."""
+    env = read_env(server / "server.env")
+    prefix = f"suite-{uuid.uuid4().hex[:6]}"
+    data = Path(env["VGW_DATA"]) / "test" / prefix
+    dirs = {}
+    for n in sizes:
+        d = data / "ls" / f"files-{n}"
+        d.mkdir(parents=True)
+        for i in range(n):
+            (d / f"file-{i:06d}.dat").write_bytes(small_content(i))
+            os.setxattr(d / f"file-{i:06d}.dat", "user.etag",
+                        f'"{hashlib.md5(small_content(i)).hexdigest()}"'.encode())
+        dirs[n] = f"ls/files-{n}"
+    (data / "big").mkdir(parents=True)
+    big = data / "big" / "frame.gwf"
+    os.setxattr(big, "user.etag", f'"{random_file(big, big_bytes)}"'.encode())
+    endpoint = f"?endpoint_url={env['VGW_ENDPOINT']}"
+    return Target("s3", f"s3://test/{prefix}{endpoint}", dirs, dirs[min(dirs)] if dirs else "",
+                  "big/frame.gwf", {k: env[k] for k in ("AWS_ACCESS_KEY_ID",
+                                                        "AWS_SECRET_ACCESS_KEY", "AWS_REGION")},
+                  big_local=str(big), big_size=big_bytes, big_checksummed=False,
+                  writable=f"s3://test/{prefix}-w{endpoint}", server_env=env)
+
+
+def irods_target(root: Path, port: int, sizes: list[int], big_bytes: int) -> Target:
+    """The catalog seeded into the fake through its ``/_fake/seed`` control."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from irods_fake import API, PASSWORD, USER
+
+    collection = f"/tempZone/home/{USER}/suite"
+    dirs = {}
+    for n in sizes:
+        for first in range(0, n, 5000):
+            files = {f"file-{i:06d}.dat": base64.b64encode(small_content(i)).decode()
+                     for i in range(first, min(n, first + 5000))}
+            irods_fake_control(port, "seed", {"collection": f"{collection}/ls/files-{n}",
+                                              "owner": USER, "files": files})
+        dirs[n] = f"ls/files-{n}"
+    big_bytes = min(big_bytes, FAKE_BIG_MAX)
+    big = root / "irods-big-source"
+    random_file(big, big_bytes)
+    irods_fake_control(port, "seed", {"collection": f"{collection}/big", "owner": USER,
+                                      "files": {"frame.gwf": base64.b64encode(
+                                          big.read_bytes()).decode()}})
+    irods_fake_control(port, "seed", {"collection": f"{collection}-w", "owner": USER,
+                                      "files": {}})
+    base = f"irods://{USER}@127.0.0.1:{port}"
+    return Target("irods", f"{base}{collection}?api_path={API}", dirs,
+                  dirs[min(dirs)] if dirs else "",
+                  "big/frame.gwf", {"IRODS_PASSWORD": PASSWORD,
+                                    "IRODS_ENVIRONMENT_FILE": "/nonexistent"},
+                  big_local=str(big), big_size=big_bytes, big_checksummed=False,
+                  writable=f"{base}{collection}-w?api_path={API}")
 
 
 # -- plumbing ---------------------------------------------------------------------------------
@@ -112,7 +213,7 @@ class Results:
             "versions": {"rucio-fs": subprocess.run([*RUCIO_FS, "--version"], check=True,
                                                     capture_output=True, text=True).stdout.strip()},
             "backend": target.backend, "url": target.url, "smoke": smoke,
-            "mounts": {}, "experiments": {}, "not_run": NOT_RUN,
+            "mounts": {}, "experiments": {}, "not_run": target.not_run(),
         }
         self.summary: list[str] = []
 
@@ -131,7 +232,8 @@ class Results:
         head = [f"# rucio-fs benchmark suite: {self.data['backend']}",
                 "", f"Machine: {self.data['machine']}; {self.data['versions']['rucio-fs']}; "
                     f"{'smoke mode' if self.data['smoke'] else 'full mode'}.", ""]
-        tail = ["", "Not run: " + "; ".join(NOT_RUN.values()) + "."]
+        not_run = self.data["not_run"]
+        tail = ["", "Not run: " + "; ".join(not_run.values()) + "."] if not_run else []
         (self.out / "summary.md").write_text("\n".join(head + self.summary + tail) + "\n")
 
 
@@ -259,7 +361,8 @@ def exp_cat(root: Path, target: Target, res: Results, files: int, big_bytes: int
         verified = m.stats()["events"].get("checksum_verified", 0)
         drop_page_cache()
         elapsed = timed(["head", "-c", str(big_bytes), str(big)])  # what cat/cp do
-        if big_bytes == BIG_SIZE:  # identity: the daemon verified the catalog's checksum
+        if target.big_checksummed and big_bytes == BIG_SIZE:
+            # identity: the daemon verified the catalog's checksum
             identical = m.stats()["events"].get("checksum_verified", 0) == verified + 1
         else:  # identity: the bytes read again, against the source
             identical = _md5_prefix(big, big_bytes) == _md5_prefix_source(target, big_bytes)
@@ -279,7 +382,7 @@ def exp_cat(root: Path, target: Target, res: Results, files: int, big_bytes: int
                       for r in rows])
     small = [r for r in rows if r["what"] == "cat small"]
     big_row = rows[-1]
-    how = ("checksum verified by the daemon" if big_bytes == BIG_SIZE
+    how = ("checksum verified by the daemon" if target.big_checksummed and big_bytes == BIG_SIZE
            else "md5 compared with the source")
     res.summary += ["## cat and cp", "",
                     f"- `cat` of {len(small)} small files: cold "
@@ -396,13 +499,233 @@ def exp_peers(root: Path, target: Target, res: Results, big_bytes: int) -> None:
                        if ours else ""), ""]
 
 
+@contextmanager
+def client_dir(root: Path, target: Target, client: str, name: str) -> Iterator[Path]:
+    """Directory ``name`` (created if missing) as ``client`` sees it: ``local disk`` (under
+    ``root``), ``rucio-fs`` (a fresh mount of the target's writable directory; unmounted on exit,
+    so the next one starts cold), or an S3 peer mounting the same prefix."""
+    if client == "local disk":
+        path = root / f"local-{name}"
+        path.mkdir(exist_ok=True)
+        yield path
+        return
+    if client == "rucio-fs":
+        m = Mount(root, target.writable)
+        try:
+            (m.path / name).mkdir(exist_ok=True)
+            yield m.path / name
+        finally:
+            m.unmount(check=True)
+        return
+    prefix = target.writable.split("s3://test/", 1)[1].split("?", 1)[0]
+    with s3_peer_mount(client, target.server_env, f"{prefix}/{name}", root) as path:
+        yield path
+
+
+def exp_geesefs(root: Path, target: Target, res: Results, files: int, big_bytes: int,
+                peers: list[str]) -> None:
+    source = root / "geesefs-source"
+    total = small_tree(source, files)
+    rows = []
+    for client in progress(["local disk", "rucio-fs", *peers], "GeeseFS small files"):
+        with client_dir(root, target, client, f"small-{uuid.uuid4().hex[:6]}") as d:
+            copy = timed(["cp", "-r", str(source), str(d / "tree")])
+            remove = timed(["rm", "-r", str(d / "tree")])
+        rows.append({"test": "small files", "client": client, "files": files, "bytes": total,
+                     "cp_s": copy, "rm_s": remove})
+    shutil.rmtree(source)
+    big = root / "geesefs-big"
+    md5 = random_file(big, big_bytes)
+    for client in progress(["local disk", "rucio-fs", *[p for p in peers if p == "s3fs"]],
+                           "GeeseFS big file"):
+        name = f"big-{uuid.uuid4().hex[:6]}"
+        with client_dir(root, target, client, name) as d:
+            drop_page_cache()
+            # until close returns, which on the mounts means uploaded; on local disk until
+            # the data is on the disk (fsync), not merely in the page cache
+            sync = ["conv=fsync"] if client == "local disk" else []
+            write = timed(["dd", f"if={big}", f"of={d / 'big'}", "bs=1M", "status=none",
+                           *sync])
+        with client_dir(root, target, client, name) as d:
+            drop_page_cache()
+            read = timed(["cat", str(d / "big")])
+            identical = _md5_prefix(d / "big", big_bytes) == md5
+            (d / "big").unlink()
+        rows.append({"test": "big file", "client": client, "bytes": big_bytes,
+                     "write_s": write, "read_s": read, "write_MBps": big_bytes / 1e6 / write,
+                     "read_MBps": big_bytes / 1e6 / read, "identical": identical})
+    big.unlink()
+    local = {r["test"]: r for r in rows if r["client"] == "local disk"}
+    for r in rows:
+        for key in ("cp_s", "rm_s", "write_s", "read_s"):
+            if key in r:
+                r[f"{key[:-2]}_x_local"] = r[key] / local[r["test"]][key]
+    res.table("geesefs", [{k: r.get(k, "") for k in (
+        "test", "client", "files", "bytes", "cp_s", "rm_s", "cp_x_local", "rm_x_local",
+        "write_s", "read_s", "write_MBps", "read_MBps", "write_x_local", "read_x_local",
+        "identical")} for r in rows])
+    res.summary += [f"## GeeseFS tests ({files} files of 0.5-300 KB, "
+                    f"{total / files / 1000:.0f} KB on average, 1,024 directories)", "",
+                    "| client | cp -r s | rm -r s | cp x local | rm x local |",
+                    "|---|---:|---:|---:|---:|"]
+    res.summary += [f"| {r['client']} | {r['cp_s']:.2f} | {r['rm_s']:.2f} | "
+                    f"{r['cp_x_local']:.1f} | {r['rm_x_local']:.1f} |"
+                    for r in rows if r["test"] == "small files"]
+    res.summary += ["", f"| client | write {big_bytes / 1e9:.2f} GB MB/s | cold read MB/s | "
+                        "byte-identical |", "|---|---:|---:|---|"]
+    res.summary += [f"| {r['client']} | {r['write_MBps']:.0f} | {r['read_MBps']:.0f} | "
+                    f"{'yes' if r['identical'] else 'NO'} |"
+                    for r in rows if r["test"] == "big file"]
+    res.summary.append("")
+    if not all(r["identical"] for r in rows if r["test"] == "big file"):
+        raise RuntimeError("a big file did not read back byte-identical")
+
+
+def mdtest_tree(base: Path, branch: int, depth: int) -> list[Path]:
+    """mdtest's ``-b branch -z depth`` tree under ``base``, parents before children."""
+    nodes, level = [base], [base]
+    for _ in range(depth):
+        level = [parent / f"mdtest_tree.{i}" for parent in level for i in range(branch)]
+        nodes += level
+    return nodes
+
+
+def mdtest_phases(base: Path, branch: int, depth: int, items: int, size: int,
+                  drop: Callable[[], None]) -> dict[str, tuple[int, float]]:
+    """mdtest's phases in its order, one process: phase -> (operations, seconds). ``drop``
+    runs before each stat and read phase, so those are cold."""
+    nodes = mdtest_tree(base, branch, depth)
+    dirs = [node / f"dir.mdtest.{i}" for node in nodes for i in range(items)]
+    files = [node / f"file.mdtest.{i}" for node in nodes for i in range(items)]
+    payload = os.urandom(size)
+
+    def write(path: Path) -> None:
+        with open(path, "wb") as f:
+            f.write(payload)
+
+    def read(path: Path) -> None:
+        with open(path, "rb") as f:
+            if len(f.read()) != size:
+                raise RuntimeError(f"{path}: short read")
+
+    phases: list[tuple[str, list[Path], Callable[[Path], object], bool]] = [
+        ("tree creation", nodes, os.mkdir, False),
+        ("directory creation", dirs, os.mkdir, False),
+        ("directory stat", dirs, os.stat, True),
+        ("directory removal", dirs, os.rmdir, False),
+        ("file creation", files, write, False),
+        ("file stat", files, os.stat, True),
+        ("file read", files, read, True),
+        ("file removal", files, os.unlink, False),
+        ("tree removal", nodes[::-1], os.rmdir, False),
+    ]
+    results = {}
+    for name, paths, op, cold in phases:
+        if cold:
+            drop()
+        start = time.perf_counter()
+        for path in paths:
+            op(path)
+        results[name] = (len(paths), time.perf_counter() - start)
+    return results
+
+
+def exp_mdtest(root: Path, target: Target, res: Results, branch: int, depth: int,
+               items: int, size: int) -> None:
+    measured = {}
+    for client in progress(["local disk", "rucio-fs"], "mdtest"):
+        name = f"mdtest-{uuid.uuid4().hex[:6]}"
+        if client == "local disk":
+            with client_dir(root, target, client, name) as d:
+                measured[client] = mdtest_phases(d / "tree", branch, depth, items, size,
+                                                 drop_page_cache)
+            continue
+        m = Mount(root, target.writable)
+        res.mount_config("mdtest", m)
+        try:
+            (m.path / name).mkdir()
+            measured[client] = mdtest_phases(m.path / name / "tree", branch, depth, items,
+                                             size, m.drop)
+        finally:
+            m.unmount(check=True)
+    rows = []
+    for phase, (ops, local_s) in measured["local disk"].items():
+        mount_s = measured["rucio-fs"][phase][1]
+        rows.append({"phase": phase, "operations": ops, "local_ops_per_s": ops / local_s,
+                     "mount_ops_per_s": ops / mount_s, "mount_s_x_local": mount_s / local_s})
+    res.table("mdtest", rows)
+    res.summary += [f"## Metadata rates (mdtest -b {branch} -z {depth} -I {items}, "
+                    f"{size}-byte files, one process; stat and read phases cold)", "",
+                    "| phase | operations | local disk ops/s | rucio-fs ops/s | time x local |",
+                    "|---|---:|---:|---:|---:|"]
+    res.summary += [f"| {r['phase']} | {r['operations']} | {r['local_ops_per_s']:.0f} | "
+                    f"{r['mount_ops_per_s']:.0f} | {r['mount_s_x_local']:.1f} |" for r in rows]
+    res.summary.append("")
+
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    number, unit = text.rstrip("iBb").rstrip() or "0", ""
+    if number[-1:].upper() in units:
+        number, unit = number[:-1], number[-1].upper()
+    try:
+        return int(float(number) * units[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 10G, 512M)") from None
+
+
+def mdtest_shape(text: str) -> tuple[int, int, int]:
+    try:
+        branch, depth, items = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not B,Z,I: {text!r} (e.g. 6,4,8)") from None
+    if min(branch, items) < 1 or depth < 0:
+        raise argparse.ArgumentTypeError(f"B and I must be at least 1, Z at least 0: {text!r}")
+    return branch, depth, items
+
+
+@contextmanager
+def started_target(backend: str, server: Path | None, root: Path, sizes: list[int],
+                   big_bytes: int) -> Iterator[Target]:
+    """The chosen backend's catalog, with its server started here (and stopped by PID on exit)
+    unless ``server`` names a running one."""
+    if backend == "demo":
+        yield demo_target()
+        return
+    if backend == "irods":
+        process, port = start_irods_fake()
+        try:
+            yield irods_target(root, port, sizes, big_bytes)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+        return
+    script = SERVERS / f"{backend}.sh"
+    base = server or root / "server"
+    if server is None:
+        subprocess.run(["bash", str(script), "start", str(base)], check=True,
+                       env={**os.environ, "PYTHON": sys.executable})
+    try:
+        yield rucio_target(base) if backend == "rucio" else s3_target(base, sizes, big_bytes)
+    finally:
+        if server is None:
+            subprocess.run(["bash", str(script), "stop", str(base)], check=False)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", choices=("demo", "rucio"), default="demo")
+    ap.add_argument("--backend", choices=("demo", "rucio", "s3", "irods"), default="demo")
     ap.add_argument("--experiments", default=",".join(EXPERIMENTS))
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--smoke", action="store_true", help="seconds per experiment (CI)")
-    ap.add_argument("--server", type=Path, help="a running rucio.sh server (rucio backend)")
+    ap.add_argument("--server", type=Path,
+                    help="a running rucio.sh or s3.sh server directory (rucio, s3 backends)")
+    ap.add_argument("--big-write", type=parse_size, default=10 << 30,
+                    help="size of the GeeseFS big-file write and read (default 10G)")
+    ap.add_argument("--peers", default="s3fs,rclone",
+                    help="S3 peers for the GeeseFS tests, those installed (s3 backend)")
+    ap.add_argument("--mdtest", type=mdtest_shape, default=(6, 4, 8),
+                    help="mdtest's -b,-z,-I: branching, depth, items per directory (6,4,8)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     chosen = [e for e in args.experiments.split(",") if e]
@@ -410,39 +733,42 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown experiment(s): {', '.join(sorted(unknown))}")
     root = Path(tempfile.mkdtemp(prefix="rucio-fs-suite-"))
-    server = None
-    if args.backend == "rucio":
-        server = args.server or root / "server"
-        if args.server is None:
-            subprocess.run(["bash", str(SERVER), "start", str(server)], check=True)
-        target = rucio_target(server)
-    else:
-        target = demo_target()
-    os.environ.update(target.env)
-    out = args.out or REPO / "benchmarks" / "results" / (
-        time.strftime("%Y%m%d-%H%M%S") + f"-{target.backend}")
-    out.mkdir(parents=True, exist_ok=True)
-    res = Results(out, target, args.smoke)
-    repeat = 2 if args.smoke else args.repeat
-    sizes = [n for n in sorted(target.dirs) if not args.smoke or n <= 1000]
-    runs: dict[str, Callable[[], None]] = {
-        "ls": lambda: exp_ls(root, target, res, sizes, repeat),
-        "users": lambda: exp_users(root, target, res, [1, 5] if args.smoke
-                                   else [1, 2, 5, 10, 20, 50, 100]),
-        "cat": lambda: exp_cat(root, target, res, 5 if args.smoke else 50,
-                               64 << 20 if args.smoke else BIG_SIZE),
-        "nfsrods": lambda: exp_nfsrods(root, target, res, repeat if args.smoke else 5),
-        "local": lambda: exp_local(root, target, res, 20 if args.smoke else 200),
-        "peers": lambda: exp_peers(root, target, res, 64 << 20 if args.smoke else BIG_SIZE),
-    }
-    try:
-        for name in EXPERIMENTS:
-            if name in chosen:
-                runs[name]()
-    finally:
-        res.write()
-        if server is not None and args.server is None:
-            subprocess.run(["bash", str(SERVER), "stop", str(server)], check=False)
+    smoke = args.smoke
+    sizes = [500, 1000] if smoke else [500, 1000, 3000, 5000, 6000, 10_000, 50_000]
+    big = 64 << 20 if smoke else BIG_SIZE
+    if not set(chosen) - set(WRITE_ONLY):  # the write experiments bring their own data
+        sizes, big = [], 0
+    with started_target(args.backend, args.server, root, sizes, big) as target:
+        os.environ.update(target.env)
+        out = args.out or REPO / "benchmarks" / "results" / (
+            time.strftime("%Y%m%d-%H%M%S") + f"-{target.backend}")
+        out.mkdir(parents=True, exist_ok=True)
+        res = Results(out, target, smoke)
+        repeat = 2 if smoke else args.repeat
+        ls_sizes = [n for n in sorted(target.dirs) if not smoke or n <= 1000]
+        big = min(big, target.big_size)
+        peers = [p for p in args.peers.split(",") if p and shutil.which(p)] \
+            if target.backend == "s3" else []
+        runs: dict[str, Callable[[], None]] = {
+            "ls": lambda: exp_ls(root, target, res, ls_sizes, repeat),
+            "users": lambda: exp_users(root, target, res, [1, 5] if smoke
+                                       else [1, 2, 5, 10, 20, 50, 100]),
+            "cat": lambda: exp_cat(root, target, res, 5 if smoke else 50, big),
+            "nfsrods": lambda: exp_nfsrods(root, target, res, repeat if smoke else 5),
+            "local": lambda: exp_local(root, target, res, 20 if smoke else 200),
+            "peers": lambda: exp_peers(root, target, res, big),
+            "geesefs": lambda: exp_geesefs(root, target, res, 100 if smoke else 6400,
+                                           16 << 20 if smoke else args.big_write, peers),
+            "mdtest": lambda: exp_mdtest(root, target, res, *((2, 2, 2) if smoke
+                                                              else args.mdtest), SMALL),
+        }
+        try:
+            for name in EXPERIMENTS:
+                if name in chosen and name not in target.not_run():
+                    runs[name]()
+        finally:
+            res.write()
+    shutil.rmtree(root, ignore_errors=True)
     print(f"results: {out}")
     print((out / "summary.md").read_text())
     return 0

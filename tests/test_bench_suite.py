@@ -13,11 +13,14 @@ import pytest
 SUITE = Path(__file__).resolve().parent.parent / "benchmarks" / "suite.py"
 
 
-@pytest.mark.parametrize("backend", ["demo", "rucio"])
+WRITABLE = {"s3", "irods"}
+
+
+@pytest.mark.parametrize("backend", ["demo", "rucio", "s3", "irods"])
 def test_smoke_run_writes_every_artifact(backend, tmp_path, request):
     args = [sys.executable, str(SUITE), "--backend", backend, "--smoke", "--out", str(tmp_path)]
-    if backend == "rucio":
-        server = request.getfixturevalue("rucio_server")
+    if backend in ("rucio", "s3"):
+        server = request.getfixturevalue(f"{backend}_server")
         args += ["--server", str(server.base)]
     result = subprocess.run(args, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -31,7 +34,21 @@ def test_smoke_run_writes_every_artifact(backend, tmp_path, request):
     for plot in ("ls.png", "users.png", "local.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = (tmp_path / "summary.md").read_text()
-    assert "## NFSRODS table" in summary and "Not run: GeeseFS" in summary
+    assert "## NFSRODS table" in summary
+    if backend in WRITABLE:
+        assert data["not_run"] == {} and "Not run" not in summary
+        geesefs = data["experiments"]["geesefs"]
+        assert {(r["test"], r["client"]) for r in geesefs} >= {
+            ("small files", "local disk"), ("small files", "rucio-fs"),
+            ("big file", "local disk"), ("big file", "rucio-fs")}
+        assert all(r["identical"] for r in geesefs if r["test"] == "big file")
+        assert all(r["cp_x_local"] > 0 for r in geesefs if r["test"] == "small files")
+        mdtest = {r["phase"]: r for r in data["experiments"]["mdtest"]}
+        assert len(mdtest) == 9 and mdtest["file creation"]["operations"] == 14
+        assert all(r["mount_ops_per_s"] > 0 for r in mdtest.values())
+        assert "## GeeseFS tests" in summary and "## Metadata rates" in summary
+    else:
+        assert set(data["not_run"]) == {"geesefs", "mdtest"} and "Not run: GeeseFS" in summary
     ls_rows = data["experiments"]["ls"]
     assert {r["mode"] for r in ls_rows} == {"cold", "warm", "tmpfs"}
     assert all(r["ratio_to_tmpfs"] > 0 for r in ls_rows)
