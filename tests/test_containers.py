@@ -449,10 +449,7 @@ def test_servers_entrypoint_runs_the_s3_script_and_stops_by_pid(s3_server, tmp_p
         process = subprocess.Popen(
             ["bash", str(SERVE), "s3", str(state)], stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True,
-            env=entrypoint_env(VGW_PORT=str(vgw), MOTO_PORT=str(moto),
-                               RUCIO_FS_SERVER_CACHE=os.environ.get(
-                                   "RUCIO_FS_SERVER_CACHE",
-                                   str(Path.home() / ".cache" / "rucio-fs"))))
+            env=entrypoint_env(VGW_PORT=str(vgw), MOTO_PORT=str(moto)))
         try:
             wait_for(lambda s=state, p=process: (s / "ready").exists() or p.poll() is not None,
                      timeout=300, interval=0.1)
