@@ -24,7 +24,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import Mount, peak_rss_mb, rclone_http_mount, read_whole, timed, tmpfs_twin
+from common import (
+    Mount,
+    peak_rss_mb,
+    rclone_http_mount,
+    read_env,
+    read_whole,
+    timed,
+    tmpfs_twin,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SERVER = REPO / "scripts" / "servers" / "rucio.sh"
@@ -66,7 +74,7 @@ def main() -> int:
     server = args.server or root / "server"
     if args.server is None:
         subprocess.run(["bash", str(SERVER), "start", str(server)], check=True)
-    env = dict(line.split("=", 1) for line in (server / "server.env").read_text().splitlines())
+    env = read_env(server / "server.env")
     os.environ["RUCIO_CONFIG"] = env["RUCIO_CONFIG"]
     host = env["RUCIO_HOST"]
     big_pfn_path = next((Path(env["DAV_ROOT"]) / "rucio" / "bench").rglob(BIG))

@@ -35,7 +35,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
-from common import Mount, drop_page_cache, s3_peer_mount, small_tree, timed
+from common import (
+    Mount,
+    drop_page_cache,
+    random_file,
+    read_env,
+    s3_peer_mount,
+    small_tree,
+    timed,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "servers" / "s3.sh"
@@ -47,8 +55,7 @@ def servers(reuse: str | None):
     if not reuse:
         subprocess.run(["bash", str(SCRIPT), "start", str(base)], check=True,
                        env={**os.environ, "PYTHON": sys.executable})
-    env = dict(line.split("=", 1) for line in (base / "server.env").read_text().splitlines()
-               if "=" in line)
+    env = read_env(base / "server.env")
     os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                            "AWS_REGION")})
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
@@ -141,9 +148,7 @@ def exp_small(env: dict, root: Path, files: int, peers: list[str]) -> dict:
 
 def exp_big(env: dict, root: Path, mib: int, peers: list[str]) -> dict:
     source = root / "big-source"
-    with open(source, "wb") as f:
-        for _ in range(mib):
-            f.write(os.urandom(1 << 20))
+    random_file(source, mib << 20)
     results = {}
     for kind in ["rucio-fs", *[p for p in peers if p == "s3fs"]]:
         prefix = f"big-{kind}-{uuid.uuid4().hex[:6]}"

@@ -6,6 +6,7 @@ this directory on ``sys.path``).
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -47,6 +48,35 @@ class Mount:
 
     def unmount(self, check: bool = False) -> None:
         subprocess.run([*RUCIO_FS, "unmount", str(self.path)], check=check)
+
+
+def read_env(path: Path) -> dict[str, str]:
+    """A test server's ``server.env`` (``NAME=value`` lines)."""
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def random_file(path: Path, size: int) -> str:
+    """``size`` random bytes written to ``path``; returns their md5."""
+    md5 = hashlib.md5()
+    with open(path, "wb") as f:
+        for offset in range(0, size, 64 << 20):
+            chunk = os.urandom(min(64 << 20, size - offset))
+            md5.update(chunk)
+            f.write(chunk)
+    return md5.hexdigest()
+
+
+def md5_prefix(path: Path, size: int) -> str:
+    """md5 of the first ``size`` bytes of ``path``, read in chunks (files may be 10 GB)."""
+    md5 = hashlib.md5()
+    with open(path, "rb") as f:
+        while size > 0:
+            chunk = f.read(min(size, 64 << 20))
+            if not chunk:
+                break
+            md5.update(chunk)
+            size -= len(chunk)
+    return md5.hexdigest()
 
 
 def timed(cmd: list[str] | str, shell: bool = False) -> float:

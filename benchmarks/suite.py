@@ -57,7 +57,10 @@ from common import (
     Mount,
     drop_page_cache,
     irods_fake_control,
+    md5_prefix,
+    random_file,
     rclone_http_mount,
+    read_env,
     read_whole,
     s3_peer_mount,
     small_tree,
@@ -105,7 +108,7 @@ def demo_target() -> Target:
 
 
 def rucio_target(server: Path) -> Target:
-    env = dict(line.split("=", 1) for line in (server / "server.env").read_text().splitlines())
+    env = read_env(server / "server.env")
     catalog = json.loads((server / "catalog.json").read_text())
     sizes = sorted(int(k[2:]) for k in catalog if k.startswith("ds") and k[2:].isdigit())
     big = next((Path(env["DAV_ROOT"]) / "rucio" / "bench").rglob(f"frame-{BIG_SIZE}.gwf"))
@@ -113,21 +116,6 @@ def rucio_target(server: Path) -> Target:
     return Target("rucio", "rucio:///bench?schemes=http", {n: f"ds{n}" for n in sizes},
                   "ds1000", f"big/frame-{BIG_SIZE}.gwf", {"RUCIO_CONFIG": env["RUCIO_CONFIG"]},
                   storage, storage + str(big.relative_to(Path(env["DAV_ROOT"]))), str(big))
-
-
-def read_env(path: Path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
-
-
-def random_file(path: Path, size: int) -> str:
-    """``size`` random bytes written to ``path``; returns their md5."""
-    md5 = hashlib.md5()
-    with open(path, "wb") as f:
-        for offset in range(0, size, 64 << 20):
-            chunk = os.urandom(min(64 << 20, size - offset))
-            md5.update(chunk)
-            f.write(chunk)
-    return md5.hexdigest()
 
 
 def small_content(i: int) -> bytes:
@@ -145,9 +133,9 @@ def s3_target(server: Path, sizes: list[int], big_bytes: int) -> Target:
         d = data / "ls" / f"files-{n}"
         d.mkdir(parents=True)
         for i in range(n):
-            (d / f"file-{i:06d}.dat").write_bytes(small_content(i))
-            os.setxattr(d / f"file-{i:06d}.dat", "user.etag",
-                        f'"{hashlib.md5(small_content(i)).hexdigest()}"'.encode())
+            path, content = d / f"file-{i:06d}.dat", small_content(i)
+            path.write_bytes(content)
+            os.setxattr(path, "user.etag", f'"{hashlib.md5(content).hexdigest()}"'.encode())
         dirs[n] = f"ls/files-{n}"
     (data / "big").mkdir(parents=True)
     big = data / "big" / "frame.gwf"
@@ -365,7 +353,7 @@ def exp_cat(root: Path, target: Target, res: Results, files: int, big_bytes: int
             # identity: the daemon verified the catalog's checksum
             identical = m.stats()["events"].get("checksum_verified", 0) == verified + 1
         else:  # identity: the bytes read again, against the source
-            identical = _md5_prefix(big, big_bytes) == _md5_prefix_source(target, big_bytes)
+            identical = md5_prefix(big, big_bytes) == _md5_prefix_source(target, big_bytes)
         baseline = ""
         if target.big_url:
             curl = subprocess.run(["curl", "-sf", "-o", "/dev/null", "-r", f"0-{big_bytes - 1}",
@@ -396,16 +384,9 @@ def exp_cat(root: Path, target: Target, res: Results, files: int, big_bytes: int
         raise RuntimeError("the big file did not read back byte-identical")
 
 
-def _md5_prefix(path: Path, size: int) -> str:
-    md5 = hashlib.md5()
-    with open(path, "rb") as f:
-        md5.update(f.read(size))
-    return md5.hexdigest()
-
-
 def _md5_prefix_source(target: Target, size: int) -> str:
     if target.big_local:
-        return _md5_prefix(Path(target.big_local), size)
+        return md5_prefix(Path(target.big_local), size)
     from rucio_fs.backends.demo_content import big_file_range
     return hashlib.md5(big_file_range(0, size)).hexdigest()
 
@@ -549,7 +530,7 @@ def exp_geesefs(root: Path, target: Target, res: Results, files: int, big_bytes:
         with client_dir(root, target, client, name) as d:
             drop_page_cache()
             read = timed(["cat", str(d / "big")])
-            identical = _md5_prefix(d / "big", big_bytes) == md5
+            identical = md5_prefix(d / "big", big_bytes) == md5
             (d / "big").unlink()
         rows.append({"test": "big file", "client": client, "bytes": big_bytes,
                      "write_s": write, "read_s": read, "write_MBps": big_bytes / 1e6 / write,

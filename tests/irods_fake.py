@@ -605,17 +605,22 @@ class Handler(BaseHTTPRequestHandler):
             elif op == "rename":
                 self._rename(user, params, collection=True)
             elif op == "touch":
-                coll = state.coll(lpath)
-                state.need(user, coll.acl, "modify_object", lpath)
-                coll.mtime = int(params.get("seconds-since-epoch") or now())
-                self._ok()
+                self._touch(user, state.coll(lpath), lpath, params)
             elif op == "modify_metadata":
-                coll = state.coll(lpath)
-                state.need(user, coll.acl, "modify_metadata", lpath)
-                coll.avus = self._modify(coll.avus, params.get("operations", "[]"))
-                self._ok()
+                self._modify_metadata(user, state.coll(lpath), lpath, params)
             else:
                 raise Failure(SYS_INVALID_INPUT_PARAM, f"unsupported op {op}", http=400)
+
+    def _touch(self, user: str, entry: Coll | Obj, lpath: str, params: dict[str, str]) -> None:
+        self.state.need(user, entry.acl, "modify_object", lpath)
+        entry.mtime = int(params.get("seconds-since-epoch") or now())
+        self._ok()
+
+    def _modify_metadata(self, user: str, entry: Coll | Obj, lpath: str,
+                         params: dict[str, str]) -> None:
+        self.state.need(user, entry.acl, "modify_metadata", lpath)
+        entry.avus = self._modify(entry.avus, params.get("operations", "[]"))
+        self._ok()
 
     def _data_objects(self, user: str, method: str, op: str, params: dict[str, str],
                       body: bytes) -> None:
@@ -653,10 +658,7 @@ class Handler(BaseHTTPRequestHandler):
                         raise Failure(OBJ_PATH_DOES_NOT_EXIST, f"no data object {lpath}")
                     state.creatable(user, lpath)
                     state.objs[lpath] = state.new_obj(b"", {user: "own"})
-                obj = state.obj(lpath)
-                state.need(user, obj.acl, "modify_object", lpath)
-                obj.mtime = int(params.get("seconds-since-epoch") or now())
-                self._ok()
+                self._touch(user, state.obj(lpath), lpath, params)
             elif op == "remove":
                 obj = state.obj(lpath)
                 state.need(user, obj.acl, "delete_object", lpath)
@@ -677,10 +679,7 @@ class Handler(BaseHTTPRequestHandler):
                 obj.mtime, obj.checksum = now(), ""
                 self._ok()
             elif op == "modify_metadata":
-                obj = state.obj(lpath)
-                state.need(user, obj.acl, "modify_metadata", lpath)
-                obj.avus = self._modify(obj.avus, params.get("operations", "[]"))
-                self._ok()
+                self._modify_metadata(user, state.obj(lpath), lpath, params)
             elif op == "calculate_checksum":
                 obj = state.obj(lpath)
                 state.need(user, obj.acl, "read_object", lpath)

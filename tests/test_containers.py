@@ -11,6 +11,7 @@ servers image's) run for real on this machine, including their SIGTERM handling.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -70,6 +71,7 @@ def parse_dockerfile(path: Path) -> list[Instruction]:
     return instructions
 
 
+@functools.cache
 def build_contexts() -> dict[Path, Path]:
     """Dockerfile -> build context, from the compose files; the client image builds from the
     repository root (as its header says)."""
@@ -320,8 +322,9 @@ def test_irods_stack_agrees_with_itself_and_the_fake():
     assert test_env["RUCIO_FS_TEST_IRODS_PASSWORD"] == setup["admin_password"]
     assert test_env["RUCIO_FS_TEST_IRODS_HOME"] == f"/{zone}/home/{user}"
     # ... and the fake has that same account, so the line can be run against it
-    assert irods_fake.State(zone).passwords[user] == setup["admin_password"]
-    assert f"/{zone}/home/{user}" in irods_fake.State(zone).colls
+    fake = irods_fake.State(zone)
+    assert fake.passwords[user] == setup["admin_password"]
+    assert f"/{zone}/home/{user}" in fake.colls
 
 
 def test_readme_shows_every_mount_line_and_what_was_not_run():
