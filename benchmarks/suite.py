@@ -713,6 +713,12 @@ def main() -> int:
     unknown = set(chosen) - set(EXPERIMENTS)
     if unknown:
         ap.error(f"unknown experiment(s): {', '.join(sorted(unknown))}")
+    if args.server is not None:
+        if args.backend not in ("rucio", "s3"):
+            ap.error("--server names a rucio.sh or s3.sh server: only for --backend rucio or s3")
+        if not (args.server / "server.env").is_file():
+            ap.error(f"--server {args.server}: no server.env there (start one with "
+                     f"scripts/servers/{args.backend}.sh start DIR)")
     root = Path(tempfile.mkdtemp(prefix="rucio-fs-suite-"))
     smoke = args.smoke
     sizes = [500, 1000] if smoke else [500, 1000, 3000, 5000, 6000, 10_000, 50_000]

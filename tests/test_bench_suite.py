@@ -56,3 +56,18 @@ def test_smoke_run_writes_every_artifact(backend, tmp_path, request):
     assert all(r["backend_listings"] == 0 for r in users if r["mode"] == "warm")
     if backend == "rucio":
         assert "rclone" in summary or "not run" in summary
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "s3", "--server", "/nonexistent"], "no server.env there"),
+    (["--backend", "demo", "--server", "/tmp"], "only for --backend rucio or s3"),
+    (["--big-write", "10Q"], "not a size"),
+    (["--mdtest", "6,x"], "not B,Z,I"),
+    (["--experiments", "ls,nosuch"], "unknown experiment"),
+])
+def test_bad_arguments_fail_with_an_error_line(args, message):
+    result = subprocess.run([sys.executable, str(SUITE), *args], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert message in result.stderr.strip().splitlines()[-1]
