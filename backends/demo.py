@@ -31,8 +31,11 @@ from .demo_content import (
     BIG_ADLER32,
     BIG_MD5,
     BIG_SIZE,
+    CORRUPT_BIG_SIZE,
     SMALL_SIZE,
     big_file_range,
+    corrupt_big_adler32,
+    corrupt_big_range,
     small_file,
     small_file_adler32,
 )
@@ -56,6 +59,9 @@ FAULTS: Mapping[str, tuple[str, Callable[[], Exception]]] = {
 }
 #: Listed with file 1's checksum, holds file 2's bytes: fails checksum verification.
 CORRUPT = "corrupt.dat"
+#: 24 MiB whose stored bytes differ from the catalog checksum in one byte past 20 MiB: a
+#: partial read (``head``) succeeds, a whole read never does.
+CORRUPT_BIG = "corrupt-big.dat"
 
 
 class _Hang(Exception):
@@ -141,6 +147,7 @@ class DemoBackend(Backend):
         elif parts == ["faults"] and self.faults:
             entries = [_file(n, SMALL_SIZE) if n.endswith(".dat") else _dir(n) for n in FAULTS]
             entries.append(_file(CORRUPT, SMALL_SIZE, adler32=small_file_adler32(1)))
+            entries.append(_file(CORRUPT_BIG, CORRUPT_BIG_SIZE, adler32=corrupt_big_adler32()))
         else:
             self._entry(path)  # raises NotFound / NotADirectory as appropriate
             entries = []
@@ -200,6 +207,8 @@ class DemoBackend(Backend):
             return big_file_range(offset, size)
         if handle == "/README.txt":
             return README[offset:offset + size]
+        if handle == f"/faults/{CORRUPT_BIG}":
+            return corrupt_big_range(offset, size)
         if handle == f"/faults/{CORRUPT}":
             return small_file(2)[offset:offset + size]
         return small_file(_file_number(handle.rpartition("/")[2]))[offset:offset + size]

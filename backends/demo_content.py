@@ -47,6 +47,29 @@ def big_file_range(offset: int, size: int) -> bytes:
     return blob[start:start + end - offset]
 
 
+#: ``faults/corrupt-big.dat``: the big file's first 24 MiB, one byte flipped past 20 MiB.
+CORRUPT_BIG_SIZE = 24 << 20
+CORRUPT_BIG_FLIP = (20 << 20) + 12345
+
+
+def corrupt_big_range(offset: int, size: int) -> bytes:
+    """Bytes of ``faults/corrupt-big.dat`` as its storage holds them (one byte is wrong)."""
+    end = min(offset + size, CORRUPT_BIG_SIZE)
+    data = big_file_range(offset, end - offset) if offset < end else b""
+    if offset <= CORRUPT_BIG_FLIP < end:
+        flipped = bytearray(data)
+        flipped[CORRUPT_BIG_FLIP - offset] ^= 0xFF
+        data = bytes(flipped)
+    return data
+
+
+@lru_cache(maxsize=1)
+def corrupt_big_adler32() -> str:
+    """What the catalog says ``faults/corrupt-big.dat`` holds: the checksum of the unflipped
+    bytes."""
+    return f"{zlib.adler32(big_file_range(0, CORRUPT_BIG_SIZE)):08x}"
+
+
 def big_file_checksums(step: int = 16 << 20) -> tuple[str, str]:
     """(adler32, md5) of the whole big file, computed from the generator."""
     import hashlib

@@ -344,18 +344,15 @@ class RucioFs(pyfuse3.Operations):
         entry = await self._revalidate(node)
         backend_handle = await self.catalog.open(node.path, entry)
         version = content_version(entry)
-        # Keep the kernel's page cache only when it can hold nothing but this very content:
-        # pages of this version, or none yet of an immutable file. A failed verification
-        # leaves INVALID, so the next open drops whatever pages that read left behind.
+        verifier = self._verifier_for(node, entry, version)
+        # Keep the kernel's page cache only when it can hold nothing but this very content,
+        # checked: pages of this version, or none yet of an immutable file, and never pages
+        # of a version no complete pass has verified yet (a checksum to verify and no
+        # verdict). A failed verification leaves INVALID, so the next open drops the pages.
         seen = node.cached_version
-        keep = self.config.kernel and (seen == version or (seen is None and entry.immutable))
+        keep = (self.config.kernel and verifier is None
+                and (seen == version or (seen is None and entry.immutable)))
         node.cached_version = version if self.config.kernel else None
-        verifier = None
-        if self.config.verify and seen != version and self.nursery is not None:
-            # A new version's first pass is verified.
-            verifier = verifier_for(node.path, entry.size, entry.checksums)
-            if verifier is not None:
-                self.nursery.start_soon(verifier.run)
         prefetcher = None
         if self.config.data and self.config.prefetch_max_bytes and self.nursery is not None:
             window = max(1, self.config.prefetch_max_bytes // self.config.block_size)
@@ -364,6 +361,20 @@ class RucioFs(pyfuse3.Operations):
         fh = self._new_fh()
         self._files[fh] = _FileHandle(node, entry, backend_handle, verifier, prefetcher)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+
+    def _verifier_for(self, node: Inode, entry: Entry, version: str) -> StreamVerifier | None:
+        """The verifier every reader of this version feeds, while none has verified it."""
+        if not self.config.verify or node.verified_version == version or self.nursery is None:
+            return None
+        verifier = node.verifier
+        if verifier is None or verifier.version != version or verifier.state == "abandoned":
+            verifier = verifier_for(node.path, entry.size, entry.checksums, version)
+            if verifier is None:
+                return None
+            node.verifier = verifier
+            self.nursery.start_soon(verifier.run)
+        verifier.users += 1
+        return verifier
 
     @fuse_op
     async def read(self, fh: int, off: int, size: int) -> bytes:
@@ -378,24 +389,47 @@ class RucioFs(pyfuse3.Operations):
         data = await self.catalog.read(handle.inode.path, handle.entry, handle.backend_handle,
                                        off, size, sequential)
         self.stats.fuse_op("read").bytes += len(data)
-        if handle.verifier is not None:
+        verifier = handle.verifier
+        if verifier is not None:
             try:
-                await handle.verifier.feed(off, data)
+                await verifier.feed(off, data)
             except IntegrityError:
                 # Neither our blocks nor the kernel's pages of this file may be served again.
                 self.catalog.discard_data(handle.inode.path, handle.entry)
                 handle.inode.cached_version = INVALID
+                self._forget_pages(handle.inode)
                 raise
+            if verifier.state == "verified":
+                handle.inode.verified_version = verifier.version
+            elif verifier.dropped:
+                # Bytes the verifier could not hold: the kernel must not keep their pages,
+                # or a later pass would get them without the daemon seeing them.
+                verifier.dropped = 0
+                self._forget_pages(handle.inode)
         return data
+
+    def _forget_pages(self, node: Inode) -> None:
+        """Make the kernel drop its cached pages of ``node`` (in the background: invalidating
+        may wait for a read this loop has to answer)."""
+        if self.nursery is not None and self.config.kernel:
+            self.nursery.start_soon(trio.to_thread.run_sync, _invalidate_inode, node.ino)
 
     @fuse_op
     async def release(self, fh: int) -> None:
         handle = self._files.pop(fh)
         if handle.prefetcher is not None:
             await handle.prefetcher.drain()
-        if handle.verifier is not None:
-            await handle.verifier.close()
-            self.stats.events[f"checksum_{handle.verifier.state}"] += 1
+        node = handle.inode
+        verifier = handle.verifier
+        if verifier is not None:
+            verifier.users -= 1
+            if verifier.users == 0:  # its last reader is gone: settle and count the verdict
+                await verifier.close()
+                self.stats.events[f"checksum_{verifier.state}"] += 1
+                if verifier.state == "verified":
+                    node.verified_version = verifier.version
+                if node.verifier is verifier:
+                    node.verifier = None
         if handle.backend_handle is not None or handle.dirty is None:
             await self.catalog.close(handle.backend_handle)
         if handle.writer and handle.dirty is not None and self.writes is not None:
@@ -779,7 +813,7 @@ class RucioFs(pyfuse3.Operations):
         """
         nodes = sorted(self.inodes, key=lambda n: n.path.count("/"), reverse=True)
         for node in nodes:
-            node.cached_version = None
+            node.cached_version = node.verified_version = None
 
         def invalidate() -> int:
             done = 0

@@ -31,6 +31,10 @@ class Inode:
     attrs: Any = None
     #: Content version the kernel page cache may hold for this inode (for keep_cache).
     cached_version: str | None = None
+    #: The content version a complete pass verified against the catalog checksum.
+    verified_version: str | None = None
+    #: Files: the verifier every read of the open version feeds (see integrity.py).
+    verifier: Any = None
     #: Dirs: open directory handles, and when the newest of them fetched its listing.
     open_dirs: int = 0
     listed_at: float = -1.0

@@ -1,10 +1,16 @@
-"""Checksum verification of a file's first sequential whole-file read.
+"""Checksum verification of whole-file reads.
 
-When the catalog knows a file's checksum, the bytes handed to the kernel during one sequential
-pass over an open file are hashed as they go; at the end the digest must match, or the read
-that completes the pass fails with EIO. Reads may arrive slightly out of order (the kernel
-issues read-ahead requests in parallel): chunks ahead of the hashed prefix wait in a bounded
-reorder buffer. A pass that jumps around more than that is not verified (nothing is claimed).
+Promise: when the catalog knows a file's checksum, no read of every byte of a version that
+has not been verified succeeds unless the digest matched. One :class:`StreamVerifier` per file
+version sees every byte the daemon hands the kernel for that file, whichever handle asked; the
+hashed prefix grows as reads reach it, and the read that completes it waits for the verdict
+and fails with EIO on a mismatch (so does every later read of that version while it is open).
+
+Reads may arrive out of order (the kernel issues read-ahead in parallel, other handles read
+elsewhere): chunks ahead of the prefix wait in a bounded reorder buffer. A chunk that does not
+fit is *dropped*, never hashed and never claimed: :attr:`StreamVerifier.dropped` tells the
+FUSE layer to make the kernel forget the file's pages, so a reader that passes that region
+again asks the daemon for it, and the prefix can grow over it.
 """
 
 from __future__ import annotations
@@ -46,13 +52,20 @@ class StreamVerifier:
     for the digest. Call :meth:`run` in a nursery and :meth:`close` when the file is released.
     """
 
-    def __init__(self, path: str, algorithm: str, expected: str, size: int) -> None:
+    def __init__(self, path: str, algorithm: str, expected: str, size: int,
+                 version: str = "") -> None:
         self.path = path
+        #: The content version whose bytes this verifies.
+        self.version = version
         self.algorithm = algorithm
         self.expected = expected.lower().zfill(8) if algorithm == "adler32" else expected.lower()
         self.size = size
         self.hashed = 0  # bytes queued for hashing, a prefix of the file
         self.state = "verifying"  # → "verified", "mismatch" or "abandoned"
+        #: Chunks left out of the reorder buffer since the caller last reset this.
+        self.dropped = 0
+        #: Open handles feeding this verifier (kept by the FUSE layer).
+        self.users = 0
         self._hash: Any = _Adler32() if algorithm == "adler32" else hashlib.new(algorithm)
         self._pending: dict[int, bytes] = {}
         self._pending_bytes = 0
@@ -117,7 +130,7 @@ class StreamVerifier:
         """Move the hashed prefix over ``data`` and any waiting chunks it reaches."""
         if offset > self.hashed:
             if self._pending_bytes + len(data) > MAX_PENDING:
-                self._abandon()
+                self.dropped += 1  # not claimed: the kernel must ask for it again
             elif offset not in self._pending:
                 self._pending[offset] = data
                 self._pending_bytes += len(data)
@@ -143,17 +156,12 @@ class StreamVerifier:
         for view in views:
             self._hash.update(view)
 
-    def _abandon(self) -> None:
-        self.state = "abandoned"
-        self._pending.clear()
-        self._pending_bytes = 0
-        self._batch, self._batched = [], 0
 
-
-def verifier_for(path: str, size: int, checksums: Mapping[str, str]) -> StreamVerifier | None:
+def verifier_for(path: str, size: int, checksums: Mapping[str, str],
+                 version: str = "") -> StreamVerifier | None:
     """A verifier for the cheapest checksum the catalog gave, or None if it gave none."""
     for algorithm in ALGORITHMS:
         expected = checksums.get(algorithm)
         if expected:
-            return StreamVerifier(path, algorithm, expected, size)
+            return StreamVerifier(path, algorithm, expected, size, version)
     return None

@@ -56,7 +56,8 @@ class SingleFlight:
             flight.error = exc
             raise
         finally:
-            del self._flights[key]
+            if self._flights.get(key) is flight:
+                del self._flights[key]
             flight.done.set()
 
     def in_flight(self, key: tuple[str, Hashable]) -> bool:
@@ -64,14 +65,18 @@ class SingleFlight:
 
     async def run_group(self, keys: Sequence[tuple[str, Hashable]],
                         fn: Callable[[], Awaitable[Sequence[T]]]) -> Sequence[T]:
-        """One call producing the values of several keys (none of them in flight yet).
+        """One call producing the values of several keys.
 
         A caller of any of these keys arriving meanwhile waits for this call and gets its
-        own key's value: e.g. one ranged request fetching several cache blocks.
+        own key's value: e.g. one ranged request fetching several cache blocks. A key that
+        is already in flight keeps its own flight (this call still produces its value).
         """
         if not self.enabled:
             return await fn()
-        flights = [self._flights.setdefault(key, _Flight()) for key in keys]
+        flights = [None if key in self._flights else _Flight() for key in keys]
+        for key, flight in zip(keys, flights, strict=True):
+            if flight is not None:
+                self._flights[key] = flight
         error: BaseException | None = None
         values: Sequence[T] = ()
         try:
@@ -85,6 +90,8 @@ class SingleFlight:
             raise
         finally:
             for i, (key, flight) in enumerate(zip(keys, flights, strict=True)):
+                if flight is None:
+                    continue
                 if self._flights.get(key) is flight:
                     del self._flights[key]
                 flight.error = error
