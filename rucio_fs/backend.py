@@ -20,6 +20,12 @@ over at ``flush``/``fsync``/``close``: a file of at most ``single_put_max`` byte
 :meth:`Backend.put`, a larger one as an :class:`Upload` of parts (streamed while a sequential
 writer is still writing). The backend never sees a partial file as committed; an upload that
 fails is aborted and reported, and the core keeps the staged data.
+
+Every ``put`` and ``commit`` is followed by :meth:`Backend.confirm`, retried or not: the core
+drops its staged copy only once the server has proved it holds the object with the size (and
+the version, when ``put``/``commit`` predicted one) just sent. A backend predicts the version
+from the bytes when it can (S3: the ETag from the parts' MD5s), so that ``confirm`` proves
+the content, not only that an object is there.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .errors import NotPermitted, NotSupported
+from .errors import NotFound, NotPermitted, NotSupported, Unconfirmed
 
 
 class Kind(enum.Enum):
@@ -104,7 +110,13 @@ class Upload(ABC):
 
     @abstractmethod
     async def commit(self, size: int) -> Entry:
-        """Make the parts the file's content (``size`` bytes in all); returns its new entry."""
+        """Make the parts the file's content (``size`` bytes in all); returns its new entry
+        (``version`` as predicted from the bytes, or empty when it cannot be)."""
+
+    def commit_seconds(self) -> float:
+        """How much longer than an ordinary request ``commit`` may take (servers assemble the
+        parts while the request waits: the time grows with their number)."""
+        return 0.0
 
     @abstractmethod
     async def abort(self) -> None:
@@ -189,6 +201,23 @@ class Backend(ABC):
     async def put(self, path: str, data: bytes) -> Entry:
         """Replace (or create) file ``path`` with ``data``; returns its new entry."""
         raise NotSupported(f"{self.scheme}: writing is not supported")
+
+    async def confirm(self, path: str, expected: Entry) -> Entry:
+        """Prove that ``path`` holds what a ``put``/``commit`` that returned ``expected`` just
+        stored: its current entry, read from the server (no cache). Raises
+        :class:`~rucio_fs.errors.Unconfirmed` when it is missing or differs in kind, size or
+        (when ``expected.version`` is set) version."""
+        try:
+            stored = await self.stat(path)
+        except NotFound:
+            raise Unconfirmed(f"{path}: not on the server after the upload") from None
+        if stored.is_dir or stored.size != expected.size:
+            raise Unconfirmed(f"{path}: the server holds {stored.size} bytes, "
+                              f"{expected.size} were sent")
+        if expected.version and stored.version != expected.version:
+            raise Unconfirmed(f"{path}: the server holds version {stored.version!r}, the "
+                              f"upload made {expected.version!r}")
+        return stored
 
     async def begin_upload(self, path: str) -> Upload:
         """Start replacing (or creating) file ``path`` part by part."""

@@ -94,16 +94,19 @@ class Catalog:
         """One (possibly shared) backend call, counted and timed under ``call``."""
         return await self._flight.run((call, key), lambda: self.timed(call, fn))
 
-    async def timed(self, call: str, fn: Callable[[], Awaitable[T]]) -> T:
+    async def timed(self, call: str, fn: Callable[[], Awaitable[T]],
+                    extra_seconds: float = 0.0) -> T:
+        """``fn()`` bounded by the backend timeout (plus ``extra_seconds``), counted and timed
+        under ``call``; any failure is a typed error."""
         op = self.stats.backend_call(call)
         start = time.perf_counter_ns()
+        limit = self.config.backend_timeout + extra_seconds
         try:
-            with trio.fail_after(self.config.backend_timeout):
+            with trio.fail_after(limit):
                 return await fn()
         except trio.TooSlowError:
             op.errors["ETIMEDOUT"] += 1
-            raise Unavailable(f"backend {call} timed out after "
-                              f"{self.config.backend_timeout:g} s") from None
+            raise Unavailable(f"backend {call} timed out after {limit:g} s") from None
         except RucioFsError as exc:
             op.errors[errno_name(exc.errno)] += 1
             raise

@@ -194,6 +194,7 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
     writeback = None
     if backend.capabilities & Capability.WRITE:
         writeback = WriteBack(catalog, staging_dir(req.cache), req.url)
+        writeback.adopt()
     ops = RucioFs(catalog, root, req.cache, stats, xattrs=req.xattrs, writeback=writeback)
     options = set(pyfuse3.default_options)
     options.discard("default_permissions")
@@ -227,6 +228,7 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
             ops.nursery = catalog.nursery = nursery
             if writeback is not None:
                 writeback.nursery = nursery
+                nursery.start_soon(writeback.run_retries)
             if disk is not None:
                 for _ in range(DISK_WRITERS):
                     nursery.start_soon(catalog.run_disk_writer)

@@ -43,6 +43,15 @@ class IntegrityError(Unavailable):
     """Data or a listing failed verification (checksum mismatch, truncated response)."""
 
 
+class Unconfirmed(Unavailable):
+    """A write whose outcome the server did not prove (the object is missing, or has another
+    size or version than what was sent): the data stays pending, never assumed stored."""
+
+
+class BadRequestTarget(Unavailable):
+    """A URL that cannot be sent as an HTTP request: a permanent error, never retried."""
+
+
 class NotADirectory(RucioFsError):
     errno = errno.ENOTDIR
 

@@ -8,16 +8,24 @@ Contract:
   still writing. At most ``parts_in_flight`` parts of all files are in memory at once; a writer
   waits when that many are on their way. A write or truncate below what was already streamed
   abandons the streamed parts; the staged file is then uploaded whole at commit.
-* ``commit`` (flush, fsync, close) uploads and raises on failure, so ``close`` reports it. The
-  staged data stays and the next commit tries again. A file still dirty at its last close
+* ``commit`` (flush, fsync, close) uploads, then has the backend confirm that the server holds
+  the object with the size and version sent (:meth:`Backend.confirm`), and raises on any
+  failure or unknown outcome, so ``close`` reports it. The staged data stays and the next
+  commit tries again. A file still dirty at its last close
   stays *pending* (``rucio-fs uploads`` lists it) until a commit succeeds or it is discarded.
-  At unmount every pending file gets one more try; what still fails is kept in the staging
-  directory beside a ``.json`` sidecar naming the mount URL and the path: never lost silently.
+  Pending files are retried on their own, with backoff, until the server takes them.
+* A staging file's *record* (a ``.json`` sidecar naming the mount URL, the path and what the
+  content replaces) exists from the moment the file holds data the server does not have, so
+  a daemon killed at any point leaves nothing unaccounted for: a new mount of the same URL
+  with the same staging directory adopts the recorded files as pending and uploads them. A
+  staging file is locked (``flock``) by the daemon that writes it; an unlocked one without a
+  record holds nothing pending and is removed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import logging
@@ -42,6 +50,8 @@ PARTS_IN_FLIGHT = 8
 MAX_PARTS = 10_000
 #: Bytes copied per step when a file's old content is staged before modifying it.
 COPY_CHUNK = 8 << 20
+#: Seconds between retries of pending uploads: the first, and the most (doubling between).
+RETRY_FIRST, RETRY_MAX = 2.0, 120.0
 
 
 def _pread_exact(fd: int, offset: int, size: int) -> bytes:
@@ -55,12 +65,15 @@ class DirtyFile:
     """One file's pending content. Every method runs on the trio loop; mutations hold
     ``lock``, so a commit uploads a consistent snapshot."""
 
-    def __init__(self, writeback: WriteBack, path: str, base: Entry | None) -> None:
+    def __init__(self, writeback: WriteBack, path: str, base: Entry | None,
+                 staged: tuple[str, int] | None = None) -> None:
         self.wb = writeback
         self.path = path
         #: The committed entry this content replaces (None: the file is new).
         self.base = base
-        self.staging_path, self.fd = writeback.new_staging_file()
+        self.staging_path, self.fd = staged or writeback.new_staging_file()
+        #: Whether the record (sidecar) of pending content is written.
+        self.recorded = False
         self.size = 0
         #: Whether the staging file holds the whole content (else: the base's, unread).
         self.materialized = base is None or base.size == 0
@@ -104,6 +117,7 @@ class DirtyFile:
     async def write(self, offset: int, data: bytes | memoryview) -> int:
         async with self.lock:
             await self._materialize()
+            self.record()
             written = os.pwrite(self.fd, data, offset)
             if offset < self.frontier:
                 await self.stop_streaming("a write below the streamed part")
@@ -121,12 +135,43 @@ class DirtyFile:
                 await self._materialize()
                 if size < self.frontier:
                     await self.stop_streaming("a truncate below the streamed part")
+            self.record()
             os.ftruncate(self.fd, size)
             self.size = size
             self._touch()
 
     def set_mtime(self, mtime_ns: int) -> None:
         self.mtime_ns = mtime_ns
+
+    # -- the record of pending content ---------------------------------------------------
+
+    def record(self) -> None:
+        """Write the record of this pending content (before the data it accounts for)."""
+        if self.recorded or self.fd < 0:
+            return
+        base = self.base
+        fields = {"url": self.wb.url, "path": self.path, "size": self.size,
+                  "error": self.error,
+                  "base": None if base is None else {"size": base.size, "version": base.version,
+                                                     "mtime_ns": base.mtime_ns}}
+        temporary = self.staging_path + ".json.tmp"
+        with open(temporary, "w") as sidecar:
+            json.dump(fields, sidecar)
+        os.replace(temporary, self.staging_path + ".json")
+        self.recorded = True
+
+    def rerecord(self) -> None:
+        """The record changes (the path moved, an error to note): write it again."""
+        if self.recorded:
+            self.recorded = False
+            self.record()
+
+    def unrecord(self) -> None:
+        """Nothing pending any more: the record goes (the staging file may stay)."""
+        if self.recorded:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.staging_path + ".json")
+            self.recorded = False
 
     def _touch(self) -> None:
         self.dirty = True
@@ -161,9 +206,14 @@ class DirtyFile:
             if not self.dirty or self.unlinked:
                 return None
             try:
-                entry = await self._upload_content()
+                sent = await self._upload_content()
+                # Retried or not, the staged copy goes only once the server proves it holds
+                # what was sent.
+                entry = await self.wb.catalog.timed(
+                    "confirm", lambda: self.wb.catalog.backend.confirm(self.path, sent))
             except RucioFsError as exc:
                 self.error = str(exc)
+                self.rerecord()
                 raise
             except trio.Cancelled:
                 await self.stop_streaming("")
@@ -171,6 +221,7 @@ class DirtyFile:
             # The new content is stored: further writes start over from the staged file.
             self.base = replace(entry, name=self.path.rpartition("/")[2])
             self.dirty = self.streaming = False
+            self.unrecord()
             self.wb.catalog.committed(self.path, self.base)
             return self.base
 
@@ -262,7 +313,8 @@ class DirtyFile:
                 raise error
             raise Unavailable(f"{self.path}: part upload failed: {error!r}") from error
         try:
-            return await self.wb.catalog.timed("commit_upload", lambda: upload.commit(self.size))
+            return await self.wb.catalog.timed("commit_upload", lambda: upload.commit(self.size),
+                                               extra_seconds=upload.commit_seconds())
         except BaseException:
             await _abort(upload, self.path)
             self.streaming = False
@@ -280,15 +332,16 @@ class DirtyFile:
         self.frontier, self._next_part, self.streaming = 0, 1, False
 
     def close_staging(self, keep: bool) -> None:
-        """Close the staging file; delete it unless ``keep`` (then write its sidecar)."""
+        """Close the staging file; delete it and its record unless ``keep`` (then its record
+        says what it holds, for the next mount to adopt)."""
+        if keep:
+            self.rerecord() if self.recorded else self.record()
+        else:
+            self.unrecord()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        if keep:
-            with open(self.staging_path + ".json", "w") as sidecar:
-                json.dump({"url": self.wb.url, "path": self.path, "size": self.size,
-                           "error": self.error}, sidecar)
-        else:
+        if not keep:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.staging_path)
 
@@ -324,19 +377,103 @@ class WriteBack:
         self.nursery.start_soon(fn, *args)
 
     def new_staging_file(self) -> tuple[str, int]:
+        """A new, empty staging file, locked by this daemon: (path, fd)."""
         os.makedirs(self.staging_dir, mode=0o700, exist_ok=True)
         while True:
             path = os.path.join(self.staging_dir, f"{os.getpid()}-{next(self._names)}.data")
             try:
-                return path, os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
                 continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return path, fd
+
+    def adopt(self) -> list[DirtyFile]:
+        """Take over the recorded staging files of this URL that no live daemon holds (left by
+        a daemon that was killed, or kept at an unmount whose uploads failed): they become
+        pending files of this mount. Unlocked staging files without a record are removed."""
+        try:
+            names = sorted(os.listdir(self.staging_dir))
+        except FileNotFoundError:
+            return []
+        adopted = []
+        for name in names:
+            if not name.endswith(".data"):
+                continue
+            path = os.path.join(self.staging_dir, name)
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a live daemon's file
+                os.close(fd)
+                continue
+            dirty = self._adopt_one(path, fd)
+            if dirty is None:
+                os.close(fd)
+            else:
+                adopted.append(dirty)
+        return adopted
+
+    def _adopt_one(self, path: str, fd: int) -> DirtyFile | None:
+        try:
+            with open(path + ".json") as sidecar:
+                record = json.load(sidecar)
+        except FileNotFoundError:
+            if os.path.getmtime(path) < time.time() - 60:
+                # Nothing pending (a crash after its upload, or before it held data).
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            return None
+        except (OSError, ValueError) as exc:
+            log.error("%s: unreadable record of a staged file (%s): left as it is", path, exc)
+            return None
+        if record.get("url") != self.url or record.get("path") in self.files:
+            return None
+        base_fields = record.get("base")
+        name = str(record["path"]).rpartition("/")[2]
+        base = None if not base_fields else Entry(
+            name=name, kind=Kind.FILE, size=int(base_fields.get("size", 0)),
+            version=str(base_fields.get("version", "")),
+            mtime_ns=int(base_fields.get("mtime_ns", 0)))
+        dirty = DirtyFile(self, str(record["path"]), base, staged=(path, fd))
+        dirty.size = os.fstat(fd).st_size
+        dirty.materialized, dirty.dirty, dirty.recorded = True, True, True
+        dirty.streaming = False
+        dirty.error = str(record.get("error") or "adopted from an earlier mount")
+        self.files[dirty.path] = dirty
+        if base is None:
+            self.catalog.created_locally(dirty.path, dirty.entry())
+        log.warning("%s: pending upload of %d bytes adopted from %s", dirty.path, dirty.size,
+                    path)
+        return dirty
+
+    async def run_retries(self) -> None:
+        """Retry pending uploads on their own, backing off while they keep failing (a task
+        of the daemon's nursery)."""
+        delay = RETRY_FIRST
+        while True:
+            await trio.sleep(delay)
+            if not self.pending():
+                delay = RETRY_FIRST
+                continue
+            failed = await self.retry()
+            if failed:
+                delay = min(delay * 2, RETRY_MAX)
+                log.info("%d pending upload(s) failed again; next try in %.0f s",
+                         len(failed), delay)
+            else:
+                delay = RETRY_FIRST
 
     def open(self, path: str, base: Entry | None) -> DirtyFile:
         """The dirty file of ``path`` (new if none), with one more writer."""
         dirty = self.files.get(path)
         if dirty is None:
             dirty = self.files[path] = DirtyFile(self, path, base)
+            if base is None:  # a new name the server does not have yet
+                dirty.record()
         dirty.writers += 1
         return dirty
 
@@ -361,6 +498,10 @@ class WriteBack:
         self._forget(dirty)
 
     def _forget(self, dirty: DirtyFile) -> None:
+        """Done with ``dirty`` (uploaded or discarded), unless a writer opened it again while
+        its upload was on its way: then it stays, with its staging file."""
+        if dirty.writers > 0:
+            return
         if self.files.get(dirty.path) is dirty:
             del self.files[dirty.path]
         dirty.close_staging(keep=False)
@@ -384,6 +525,7 @@ class WriteBack:
             await self.unlinked(target)
             dirty = self.files.pop(path)
             dirty.path = target
+            dirty.rerecord()
             self.files[target] = dirty
 
     def pending(self) -> list[DirtyFile]:

@@ -8,7 +8,13 @@ a fault is armed for a path, spoils the answer the way real networks and servers
 * ``corrupt``: send the whole body with one byte flipped;
 * ``error``:   answer 500 with Rucio's error headers instead of forwarding;
 * ``short-token``: say a Rucio token expires in 4 s (``X-Rucio-Auth-Token-Expires``);
-* ``slowdown``: answer 503 SlowDown as S3 does when it throttles.
+* ``slowdown``: answer 503 SlowDown as S3 does when it throttles;
+* ``fake-ok``: answer 200 without forwarding, as a server whose retry is answered with success
+  although the work failed (an S3 ``ETag`` header for a PUT, a completion body for a POST);
+* ``lost-ok``: forward (the server does the work), then answer 500: a success the client never
+  hears of.
+
+A fault may be limited to one HTTP method (``inject(..., method="POST")``).
 
 The Host header is forwarded as the client sent it, so AWS SigV4 signatures stay valid.
 
@@ -33,7 +39,8 @@ class FaultProxy:
     def __init__(self, upstream: str) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
-        self.faults: list[list] = []  # [kind, path substring, times left (-1: forever)]
+        # [kind, path substring, times left (-1: forever), method ("" for any)]
+        self.faults: list[list] = []
         self.requests = 0
         self.lock = threading.Lock()
         proxy = self
@@ -63,27 +70,29 @@ class FaultProxy:
         self.server.shutdown()
         self.server.server_close()
 
-    def inject(self, kind: str, match: str = "", times: int = -1) -> None:
-        """Spoil the next ``times`` answers (all with -1) whose path contains ``match``."""
-        assert kind in ("drop", "stall", "corrupt", "error", "short-token", "slowdown")
+    def inject(self, kind: str, match: str = "", times: int = -1, method: str = "") -> None:
+        """Spoil the next ``times`` answers (all with -1) whose path contains ``match`` (and
+        whose method is ``method``, if given)."""
+        assert kind in ("drop", "stall", "corrupt", "error", "short-token", "slowdown",
+                        "fake-ok", "lost-ok")
         with self.lock:
-            self.faults.append([kind, match, times])
+            self.faults.append([kind, match, times, method])
 
     def clear(self) -> None:
         with self.lock:
             self.faults.clear()
 
-    def _peek_fault(self, path: str) -> str | None:
+    def _peek_fault(self, method: str, path: str) -> str | None:
         with self.lock:
-            return next((kind for kind, match, left in self.faults
-                         if match in path and left != 0), None)
+            return next((kind for kind, match, left, only in self.faults
+                         if match in path and left != 0 and only in ("", method)), None)
 
-    def _take_fault(self, path: str) -> str | None:
+    def _take_fault(self, method: str, path: str) -> str | None:
         with self.lock:
             self.requests += 1
             for fault in self.faults:
-                kind, match, left = fault
-                if match in path and left != 0:
+                kind, match, left, only = fault
+                if match in path and left != 0 and only in ("", method):
                     fault[2] = left - 1 if left > 0 else left
                     return kind
         return None
@@ -91,14 +100,20 @@ class FaultProxy:
     def forward(self, handler: BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
-        if self._peek_fault(handler.path) == "slowdown":
-            self._take_fault(handler.path)
+        method, path = handler.command, handler.path
+        before = self._peek_fault(method, path)
+        if before == "fake-ok":
+            self._take_fault(method, path)
+            _fake_ok(handler, body or b"")
+            return
+        if before == "slowdown":
+            self._take_fault(method, path)
             _answer(handler, 503, {"Content-Type": "application/xml"},
                     b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
                     b"<Message>Please reduce your request rate.</Message></Error>")
             return
-        if self._peek_fault(handler.path) == "error":
-            self._take_fault(handler.path)
+        if before == "error":
+            self._take_fault(method, path)
             _answer(handler, 500, {"ExceptionClass": "DatabaseException",
                                    "ExceptionMessage": "injected"},
                     b'{"ExceptionClass": "DatabaseException", "ExceptionMessage": "injected"}')
@@ -112,8 +127,13 @@ class FaultProxy:
             status, reply_headers = response.status, response.getheaders()
         finally:
             upstream.close()
-        fault = self._take_fault(handler.path) if data or status == 200 else None
-        assert fault not in ("error", "slowdown")
+        fault = self._take_fault(method, path) if data or status == 200 else None
+        assert fault not in ("error", "slowdown", "fake-ok")
+        if fault == "lost-ok":
+            _answer(handler, 500, {"Content-Type": "application/xml"},
+                    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError"
+                    b"</Code><Message>injected after the work was done</Message></Error>")
+            return
         if fault == "corrupt":
             middle = len(data) // 2
             data = data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:]
@@ -125,7 +145,11 @@ class FaultProxy:
         for key, value in reply_headers:
             if key.lower() not in HOP_BY_HOP:
                 handler.send_header(key, value)
-        handler.send_header("Content-Length", str(len(data)))
+        if handler.command == "HEAD":  # the size of what a GET would send, as upstream said
+            length = response.getheader("Content-Length") or "0"
+        else:
+            length = str(len(data))
+        handler.send_header("Content-Length", length)
         if fault in ("drop", "stall"):
             handler.send_header("Connection", "close")
         handler.end_headers()
@@ -139,6 +163,20 @@ class FaultProxy:
             handler.close_connection = True
             return
         handler.wfile.write(data)
+
+
+def _fake_ok(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    """A 200 as an S3 server would send it, for work that was never done."""
+    import hashlib
+
+    etag = f'"{hashlib.md5(body).hexdigest()}"'
+    if handler.command == "POST" and "uploadId=" in handler.path:
+        _answer(handler, 200, {"Content-Type": "application/xml"},
+                b"<?xml version='1.0' encoding='UTF-8'?><CompleteMultipartUploadResult>"
+                b"<ETag>&quot;0123456789abcdef0123456789abcdef-2&quot;</ETag>"
+                b"</CompleteMultipartUploadResult>")
+    else:
+        _answer(handler, 200, {"ETag": etag}, b"")
 
 
 def _answer(handler: BaseHTTPRequestHandler, status: int, headers: dict[str, str],

@@ -1,0 +1,148 @@
+"""The write promise, under every fault of every upload request.
+
+Promise: a ``close`` that returned 0 means the object is on the server, byte-identical; a
+``close`` that failed leaves the data pending and listed by ``rucio-fs uploads`` (or already
+uploaded by a later try); once the server behaves, every pending file reaches it on its own.
+A daemon killed with data pending loses nothing: the next mount adopts and uploads it.
+
+Each S3 upload request (single PUT; create, part, complete, abort of a multipart upload; the
+HEAD that confirms) fails, times out, answers late, answers a retry with a success that was
+never done, or does the work and answers with an error, through a fault proxy in front of
+versitygw; the server's own view (botocore, straight to versitygw) is the judge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import run_cli, wait_for
+from fault_proxy import fault_proxy
+from test_s3 import mount_s3, unique
+
+MiB = 1 << 20
+SMALL = 100 << 10
+LARGE = 11 * MiB  # three parts of 5 MiB
+
+#: request -> (method, path substring, file size that makes the request happen)
+REQUESTS = {
+    "put": ("PUT", "/f", SMALL),
+    "create": ("POST", "?uploads", LARGE),
+    "part": ("PUT", "partNumber=2", LARGE),
+    "complete": ("POST", "uploadId=", LARGE),
+    "confirm-small": ("HEAD", "/f", SMALL),
+    "confirm-large": ("HEAD", "/f", LARGE),
+}
+#: fault -> [(proxy fault, times)], applied in order
+FAULTS = {
+    "fails": [("error", -1)],
+    "fails-once": [("error", 1)],
+    "times-out": [("stall", 1)],
+    "retry-fake-success": [("error", 1), ("fake-ok", 1)],
+    "fake-success": [("fake-ok", 1)],
+    "success-reported-as-failure": [("lost-ok", 1)],
+}
+
+
+def _content(size: int) -> bytes:
+    seed = hashlib.sha256(str(size).encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def _stored(s3_server, key: str) -> bytes | None:
+    client = s3_server.client()
+    try:
+        return client.get_object(Bucket="test", Key=key)["Body"].read()
+    except client.exceptions.NoSuchKey:
+        return None
+
+
+def _write(path, data: bytes, after_open=lambda: None) -> int:
+    """Write ``data`` to a new file and close it: 0, or the errno close failed with."""
+    f = open(path, "wb")  # noqa: SIM115 - close is what is tested
+    after_open()
+    try:
+        f.write(data)
+    finally:
+        try:
+            f.close()
+        except OSError as exc:
+            return exc.errno or -1
+    return 0
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("request_name", sorted(REQUESTS))
+def test_close_returns_zero_only_for_a_byte_identical_object(mount_fs, s3_server, request_name,
+                                                             fault):
+    method, match, size = REQUESTS[request_name]
+    data = _content(size)
+    prefix = unique(f"wf-{request_name}-{fault}")
+    key = f"{prefix}/f"
+    with fault_proxy(s3_server.endpoint) as proxy:
+        mnt = mount_s3(mount_fs, proxy.url, prefix, "-o", "timeout=1s", "-o", "part_size=5M",
+                       "--timeout", "8")
+        def arm() -> None:  # after the open: its lookup is no upload request
+            for kind, times in FAULTS[fault]:
+                proxy.inject(kind, match, times=times, method=method)
+
+        closed = _write(mnt.path / "f", data, arm)
+        stored = _stored(s3_server, key)
+        if closed == 0:
+            assert stored == data, "close returned 0 but the object is not what was written"
+        else:  # pending once the kernel has sent RELEASE (after close returned)
+            wait_for(lambda: _stored(s3_server, key) == data
+                     or "pending /f" in run_cli("uploads", str(mnt.path)).stdout,
+                     timeout=30, interval=0.2)
+        proxy.clear()
+        # Whatever happened, the data reaches the server on its own once it behaves.
+        wait_for(lambda: _stored(s3_server, key) == data, timeout=40, interval=0.5)
+        wait_for(lambda: "no pending uploads" in run_cli("uploads", str(mnt.path)).stdout,
+                 timeout=20, interval=0.5)
+
+
+def test_a_killed_daemon_loses_no_pending_data(mount_fs, s3_server, tmp_path):
+    """kill -9 with a file open and written: the next mount (same URL and staging directory)
+    lists the staged file as pending, and uploads it once the server takes it."""
+    prefix = unique("killed")
+    staging = tmp_path / "staging"
+    options = ["-o", "timeout=1s", "--timeout", "5", "--staging-dir", str(staging)]
+    with fault_proxy(s3_server.endpoint) as proxy:
+        url = f"s3://test/{prefix}"
+        first = mount_fs(url, "-o", f"endpoint_url={proxy.url}", *options)
+        pid = first.stats()["pid"]
+        f = open(first.path / "open-file", "wb")  # noqa: SIM115 - the daemon dies under it
+        f.write(b"written, never closed")
+        f.flush()
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}"))
+        subprocess.run(["fusermount3", "-u", "-z", str(first.path)], capture_output=True)
+        with pytest.raises(OSError):
+            f.close()
+        assert list(staging.glob("*.data.json")), "no record of the staged data"
+        proxy.inject("error", "/open-file", method="PUT")
+        second = mount_fs(url, "-o", f"endpoint_url={proxy.url}", *options)
+        listed = run_cli("uploads", str(second.path))
+        assert "pending /open-file" in listed.stdout, listed.stdout
+        assert (second.path / "open-file").read_bytes() == b"written, never closed"
+        proxy.clear()
+        wait_for(lambda: _stored(s3_server, f"{prefix}/open-file") == b"written, never closed",
+                 timeout=40, interval=0.5)
+        wait_for(lambda: not list(staging.glob("*.json")), timeout=10)
+
+
+def test_pending_uploads_are_retried_on_their_own(mount_fs, s3_server):
+    prefix = unique("auto-retry")
+    with fault_proxy(s3_server.endpoint) as proxy:
+        mnt = mount_s3(mount_fs, proxy.url, prefix, "-o", "timeout=1s", "--timeout", "5")
+        proxy.inject("error", "/late", method="PUT")
+        assert _write(mnt.path / "late", b"arrives later") != 0
+        assert "pending /late" in run_cli("uploads", str(mnt.path)).stdout
+        time.sleep(1)
+        proxy.clear()
+        wait_for(lambda: _stored(s3_server, f"{prefix}/late") == b"arrives later", timeout=40,
+                 interval=0.5)
