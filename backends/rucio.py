@@ -45,7 +45,7 @@ from rucio_fs.errors import (
     RucioFsError,
     Unavailable,
 )
-from rucio_fs.http import ApiClient, RangeReader, tls_context
+from rucio_fs.http import ApiClient, RangeReader, quote_path, tls_context, url_from_literal
 
 from .rucio_auth import RucioAuth, describe
 from .rucio_settings import RucioSettings, load_settings
@@ -202,18 +202,19 @@ class ReplicaResolver:
 
 
 def _readable_url(pfn: str, settings: RucioSettings) -> tuple[str, bool]:
-    """The URL to read ``pfn`` from, and whether it is a local file."""
+    """The URL to read ``pfn`` from, and whether it is a local file. PFNs are literal (a
+    name's space or ``%`` is not encoded in them): the URL is encoded here."""
     for prefix, directory in settings.local:
         if pfn.startswith(prefix):
-            return "file://" + quote(directory.rstrip("/") + "/" + pfn[len(prefix):]), True
+            return "file://" + quote_path(directory.rstrip("/") + "/" + pfn[len(prefix):]), True
     for prefix, target in settings.redirect:
         if pfn.startswith(prefix):
-            return target + pfn[len(prefix):], False
+            return target.rstrip("/") + "/" + quote_path(pfn[len(prefix):].lstrip("/")), False
     if pfn.startswith("davs://"):
-        return "https://" + pfn[len("davs://"):], False
-    if pfn.startswith("dav://"):
-        return "http://" + pfn[len("dav://"):], False
-    return pfn, False
+        pfn = "https://" + pfn[len("davs://"):]
+    elif pfn.startswith("dav://"):
+        pfn = "http://" + pfn[len("dav://"):]
+    return url_from_literal(pfn), False
 
 
 @dataclass

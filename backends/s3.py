@@ -65,7 +65,7 @@ from rucio_fs.errors import (
     Unavailable,
     Unconfirmed,
 )
-from rucio_fs.http import ApiClient, RangeReader, client_counters, tls_context
+from rucio_fs.http import ApiClient, RangeReader, client_counters, quote_path, tls_context
 
 from .s3_settings import S3Settings, parse_url
 
@@ -269,7 +269,7 @@ class S3Backend(Backend):
         return self.settings.prefix + path.lstrip("/")
 
     def _url_path(self, key: str) -> str:
-        return f"{self._bucket_path}/{quote(key, safe='/~')}"
+        return f"{self._bucket_path}/{quote_path(key)}"
 
     @staticmethod
     def _query(params: Mapping[str, str]) -> str:
@@ -480,25 +480,21 @@ class S3Backend(Backend):
                                   what=f"DELETE {key}")
 
     async def rmdir(self, path: str) -> None:
-        """The emptiness check and the marker's DELETE go out together (one round trip, not
-        two); a directory found not empty gets its marker back (which at worst makes an
-        implicit directory explicit) and the call fails with ENOTEMPTY."""
+        """Look first, then delete the marker: a directory with any key below its marker is
+        not empty (ENOTEMPTY, even when every key below is one the odd-key rule hides), and a
+        marker holding data is never deleted (ENOTEMPTY too: it is an object, not only a
+        marker). Nothing is written when the directory stays."""
         marker = self._key(path) + "/"
-        found: dict[str, Any] = {}
-
-        async def check() -> None:
-            found["page"] = await self._first_keys(marker, 2)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(check)
+        contents, prefixes = await self._first_keys(marker, 2)
+        if prefixes or any(item.get("Key") != marker for item in contents):
+            raise NotEmpty(path)
+        for item in contents:
+            if item.get("Size", "0") != "0":
+                raise NotEmpty(f"{path}: its marker {marker} holds {item.get('Size')} bytes of "
+                               "data (remove that object with an S3 client)")
+        if contents:
             await self._api().request("DELETE", self._url_path(marker), expect=(200, 204),
                                       what=f"DELETE {marker}")
-        contents, prefixes = found["page"]
-        if prefixes or any(item.get("Key") != marker for item in contents):
-            await self._api().request("PUT", self._url_path(marker), content=b"",
-                                      what=f"restore {marker}",
-                                      headers={"Content-MD5": _md5_header(b"")})
-            raise NotEmpty(path)
 
     async def rename(self, old: str, new: str, entry: Entry) -> Entry:
         if entry.is_dir:

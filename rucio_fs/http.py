@@ -30,12 +30,19 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 import trio
 
-from .errors import NotFound, PermissionDenied, RucioFsError, Unauthorized, Unavailable
+from .errors import (
+    BadRequestTarget,
+    NotFound,
+    PermissionDenied,
+    RucioFsError,
+    Unauthorized,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 # httpx logs every request at INFO: far too much for a daemon's log.
@@ -59,6 +66,32 @@ class RetryPolicy:
         for _ in range(self.attempts - 1):
             yield delay * (0.5 + random.random())
             delay = min(delay * 2, self.max_backoff)
+
+
+def quote_path(text: str) -> str:
+    """A literal path (any characters: space, ``%``, unicode, a tab) as a URL path: every byte
+    but unreserved characters and ``/`` percent-encoded from UTF-8. The one way every backend
+    turns names into request paths (S3 signs exactly this form)."""
+    return quote(text, safe="/~")
+
+
+def url_from_literal(url: str) -> str:
+    """``scheme://host[:port]`` followed by a literal path (as catalogs store PFNs, which
+    are never percent-encoded), as a URL that can be sent."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    host, slash, path = rest.partition("/")
+    return f"{scheme}://{host}{slash}{quote_path(path)}" if slash else url
+
+
+def _check_sendable(url: str) -> None:
+    """BadRequestTarget unless ``url`` can go on an HTTP request line as it is (checked
+    before ``urlsplit``, which silently drops tabs and newlines). Permanent: a retry would
+    send the same."""
+    if not url.isascii() or not url.isprintable() or " " in url:
+        raise BadRequestTarget(f"{_redact(url)!r}: cannot be sent as an HTTP request "
+                               "(unencoded characters in it)")
 
 
 def tls_context(ca: str | None = None, cert: str | None = None,
@@ -317,6 +350,7 @@ class RangeReader:
     def read_blocking(self, url: str, offset: int, size: int,
                       headers: dict[str, str] | None = None,
                       range_in_url: bool = False) -> bytes | memoryview:
+        _check_sendable(url)
         parts = urlsplit(url)
         if parts.scheme == "file":
             return _pread(unquote(parts.path), offset, size)

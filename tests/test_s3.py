@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, wait_for
 from fault_proxy import fault_proxy
+from odd_names import ODD_NAMES
 
 MiB = 1 << 20
 
@@ -181,6 +182,29 @@ def test_odd_keys_follow_the_documented_rule_on_moto(mount_fs, s3_server):
     assert body == b"written"
 
 
+def test_rmdir_never_destroys_data_in_a_marker_or_writes_one(mount_fs, s3_server):
+    """moto keeps ``dir/`` keys with data: a directory operation never deletes or rewrites
+    them; a directory holding only hidden keys fails rmdir without writing a marker."""
+    prefix = unique("markers")
+    client = s3_server.client(s3_server.moto)
+    keys = {"t/": b"data in a marker", "t2/": b"more data", "t2/x": b"x", "a//b": b"hidden",
+            "e/": b""}
+    for key, body in keys.items():
+        client.put_object(Bucket="test", Key=f"{prefix}/{key}", Body=body)
+    mnt = mount_s3(mount_fs, s3_server.moto, prefix)
+    for name in ("t", "t2", "a"):
+        with pytest.raises(OSError) as exc:
+            os.rmdir(mnt.path / name)
+        assert exc.value.errno == errno.ENOTEMPTY, name
+    os.rmdir(mnt.path / "e")  # an empty marker of an empty directory goes
+    after = {item["Key"][len(prefix) + 1:]: item["Size"] for item in
+             client.list_objects_v2(Bucket="test", Prefix=prefix + "/")["Contents"]}
+    assert after == {"t/": 16, "t2/": 9, "t2/x": 1, "a//b": 6}
+    for key in ("t/", "t2/"):
+        body = client.get_object(Bucket="test", Key=f"{prefix}/{key}")["Body"].read()
+        assert body == keys[key]
+
+
 def test_wrong_credentials_and_missing_bucket_are_one_line_errors(s3_server, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -340,3 +364,19 @@ def test_random_writes_and_in_place_edits_are_staged_then_uploaded(mount_fs, s3_
     assert body == bytes(expected)
     mnt.drop()
     assert (mnt.path / "f").read_bytes() == bytes(expected)
+
+
+@pytest.mark.parametrize("server", ["versitygw", "moto"])
+def test_the_odd_names_round_trip(mount_fs, s3_server, server):
+    endpoint = s3_server.endpoint if server == "versitygw" else s3_server.moto
+    prefix = unique("oddnames")
+    client = s3_server.client(endpoint)
+    mnt = mount_s3(mount_fs, endpoint, prefix)
+    for name in ODD_NAMES:
+        (mnt.path / name).write_bytes(name.encode())
+    assert sorted(os.listdir(mnt.path)) == sorted(ODD_NAMES)
+    fresh = mount_s3(mount_fs, endpoint, prefix)
+    for name in ODD_NAMES:
+        assert (fresh.path / name).read_bytes() == name.encode(), name
+        body = client.get_object(Bucket="test", Key=f"{prefix}/{name}")["Body"].read()
+        assert body == name.encode(), name

@@ -13,6 +13,8 @@ Files are written straight under the nginx WebDAV root at the path of Rucio's de
                                   fallback.dat (first replica on a dead RSE), dead.dat (only there)
     uploaded                      one file uploaded with the rucio CLI
     loose.dat                     a file attached to nothing (a top-level DID of the scope)
+    longnames                     names of 250 characters, one with "/"s in it (its path
+                                  component is longer than 255 bytes)
 
 Also writes ``<base>/catalog.json``: every dataset's files with sizes and checksums, what the
 tests compare the mount against.
@@ -71,6 +73,21 @@ def small_dataset(client: Client, base: str, scope: str, name: str, n: int) -> l
              for i in range(n)]
     add_replicas(client, "DAV", files)
     make_dataset(client, scope, name, files)
+    return files
+
+
+#: The longest names the generic schema allows (250 characters); Rucio refuses a space, %,
+#: unicode or a leading "-" in a name, so odd characters are tested on the read path itself.
+LONG_NAMES = ["L" * 246 + ".dat", "s/" * 121 + "end.dat"]
+
+
+def long_names(client: Client, base: str) -> list[dict]:
+    """Dataset ``bench:longnames``: one small file per long name."""
+    rng = __import__("random").Random("longnames")
+    files = [put_file(base, "bench", name, rng.randbytes(2000 + i))
+             for i, name in enumerate(LONG_NAMES)]
+    add_replicas(client, "DAV", files)
+    make_dataset(client, "bench", "longnames", files)
     return files
 
 
@@ -173,6 +190,8 @@ def main() -> None:
     add_replicas(client, "DEAD", [fallback, dead])
     make_dataset(client, "bench", "faults", [short_claim, fallback, dead])
     catalog["faults"] = [short_claim, fallback, dead]
+
+    catalog["longnames"] = long_names(client, base)
 
     loose = put_file(base, "bench", "loose.dat", rng.randbytes(SMALL))
     add_replicas(client, "DAV", [loose])
