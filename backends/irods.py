@@ -61,6 +61,7 @@ from rucio_fs.errors import (
     Unavailable,
 )
 from rucio_fs.http import ApiClient, RangeReader, RetryPolicy, client_counters, tls_context
+from rucio_fs.tasks import open_nursery
 
 from .irods_auth import IrodsAuth
 from .irods_query import Dialect, Folder, Pager, coll_query, data_query, literal, version_of
@@ -203,7 +204,7 @@ class IrodsBackend(Backend):
                     found[path] = body
 
         try:
-            async with trio.open_nursery() as nursery:
+            async with open_nursery() as nursery:
                 for path in candidates:
                     nursery.start_soon(ask, path)
         finally:
@@ -360,7 +361,7 @@ class IrodsBackend(Backend):
 
         while pagers:
             pages.clear()
-            async with trio.open_nursery() as nursery:
+            async with open_nursery() as nursery:
                 for kind, pager in pagers.items():
                     nursery.start_soon(step, kind, pager)
             for kind in list(pagers):
@@ -380,7 +381,7 @@ class IrodsBackend(Backend):
             rows = await self._query(f"select {select} where {where}", self.dialect.parser, {})
             found[kind] = Folder(kind, self.principals).fold(rows, last=True)
 
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             nursery.start_soon(one, Kind.DIR, *coll_query(self.dialect, path=lpath))
             if path != "/":
                 nursery.start_soon(one, Kind.FILE, *data_query(self.dialect, parent or "/",
@@ -407,7 +408,7 @@ class IrodsBackend(Backend):
             pieces[start] = await self._read_range(handle.lpath, start,
                                                    min(READ_MAX, offset + size - start))
 
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             for start in range(offset, offset + size, READ_MAX):
                 nursery.start_soon(piece, start)
         return b"".join(pieces[start] for start in sorted(pieces))

@@ -6,7 +6,9 @@ Tree::
     /SCOPE               the scope's top-level DIDs (those attached to no collection)
     /SCOPE/DID/...       containers and datasets are directories, files are files
 
-Any DID can also be reached by path without being listed: ``/SCOPE/NAME``.
+Any DID can also be reached by path without being listed: ``/SCOPE/NAME``. Below that a path
+exists exactly when each DID in it is attached to the one before: ``/SCOPE/DS/F`` is checked
+with ``F``'s parents (one small request, however large ``DS`` is), never by listing ``DS``.
 
 Names. A child in its parent's scope appears under its name; a child from another scope as
 ``scope:name``. Rucio allows ``/`` in names (CMS LFNs start with one), so in a path component
@@ -27,6 +29,7 @@ says. Settings: :mod:`.rucio_settings`; tokens: :mod:`.rucio_auth`.
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -46,6 +49,7 @@ from rucio_fs.errors import (
     Unavailable,
 )
 from rucio_fs.http import ApiClient, RangeReader, quote_path, tls_context, url_from_literal
+from rucio_fs.tasks import open_nursery
 
 from .rucio_auth import RucioAuth, describe
 from .rucio_settings import RucioSettings, load_settings
@@ -239,6 +243,9 @@ class RucioBackend(Backend):
                              headers={"Accept": "application/x-json-stream, application/json"})
         self.reader = RangeReader(context=context, timeout=settings.timeout)
         self.resolver = ReplicaResolver(self.api, settings)
+        #: (parent, child) attachments already checked (see :meth:`_check_members`).
+        self._members: TTLCache[tuple[Did, Did], bool] = TTLCache(200_000, REPLICA_TTL)
+        self._caching = True
 
     @classmethod
     def from_url(cls, url: str) -> RucioBackend:
@@ -257,12 +264,37 @@ class RucioBackend(Backend):
         return [*self.settings.root, *(p for p in path.split("/") if p)]
 
     @staticmethod
-    def _did(components: list[str]) -> Did:
-        """The DID at ``/scope/c1/c2/...``: each component relative to its parent's scope."""
-        did = Did(components[0], "")
+    def _dids(components: list[str]) -> list[Did]:
+        """The DIDs along ``/scope/c1/c2/...``: each component relative to its parent's
+        scope."""
+        did, dids = Did(components[0], ""), []
         for component in components[1:]:
             did = did_for(component, did.scope)
-        return did
+            dids.append(did)
+        return dids
+
+    def _did(self, components: list[str]) -> Did:
+        """The DID at ``/scope/c1/c2/...``."""
+        return self._dids(components)[-1]
+
+    async def _check_members(self, dids: list[Did]) -> None:
+        """NotFound unless every DID in ``dids`` is attached to the one before it. Each link
+        is one ``parents`` request of the child (all at once), remembered while caching."""
+        links = [(parent, child) for parent, child in itertools.pairwise(dids)
+                 if not (self._caching and (parent, child) in self._members)]
+
+        async def check(parent: Did, child: Did) -> None:
+            async for line in self.api.ndjson("GET", child.url() + "/parents",
+                                              what=f"parents of {child}"):
+                if Did(str(line.get("scope", "")), str(line.get("name", ""))) == parent:
+                    if self._caching:
+                        self._members[(parent, child)] = True
+                    return
+            raise NotFound(f"{child} is not attached to {parent}")
+
+        async with open_nursery() as nursery:
+            for parent, child in links:
+                nursery.start_soon(check, parent, child)
 
     def _entry(self, name: str, info: Mapping[str, Any]) -> Entry:
         kind = str(info.get("type") or info.get("did_type") or "").upper()
@@ -292,9 +324,17 @@ class RucioBackend(Backend):
                 raise NotFound(f"no scope {components[0]!r}")
             return Entry(name=components[0], kind=Kind.DIR, mtime_ns=self.mtime_ns,
                          metadata={"type": "SCOPE"})
-        did = self._did(components)
-        info = await self.api.json("GET", did.url(), what=f"stat of {did}")
-        entry = self._entry(components[-1], info)
+        dids = self._dids(components)
+        did = dids[-1]
+        answer: dict[str, Any] = {}
+
+        async def fetch() -> None:
+            answer["info"] = await self.api.json("GET", did.url(), what=f"stat of {did}")
+
+        async with open_nursery() as nursery:  # the DID and its attachments at once
+            nursery.start_soon(fetch)
+            nursery.start_soon(self._check_members, dids)
+        entry = self._entry(components[-1], answer["info"])
         if path == "/" and not entry.is_dir:  # the mount's root: checked as it mounts
             raise InvalidInput(f"{did} is a file, not a collection: mount its dataset or "
                                "container")
@@ -312,7 +352,9 @@ class RucioBackend(Backend):
             request, parent_scope = f"/dids/{quote(scope, safe='')}/", scope
             what = f"top-level DIDs of scope {scope}"
         else:
-            did = self._did(components)
+            dids = self._dids(components)
+            await self._check_members(dids)
+            did = dids[-1]
             request, parent_scope, what = did.url() + "/dids", did.scope, f"content of {did}"
         async for info in self.api.ndjson("GET", request, what=what):
             child = Did(str(info.get("scope") or parent_scope), str(info.get("name", "")))
@@ -320,10 +362,11 @@ class RucioBackend(Backend):
                 yield self._entry(component_for(child, parent_scope), info)
 
     def use_caches(self, enabled: bool) -> None:
-        self.resolver.caching = enabled
+        self.resolver.caching = self._caching = enabled
 
     def drop_caches(self) -> None:
         self.resolver.clear()
+        self._members.clear()
 
     def lists_everything(self, path: str) -> bool:
         return len(self._components(path)) != 1  # a scope lists only its top-level DIDs

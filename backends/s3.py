@@ -66,6 +66,7 @@ from rucio_fs.errors import (
     Unconfirmed,
 )
 from rucio_fs.http import ApiClient, RangeReader, client_counters, quote_path, tls_context
+from rucio_fs.tasks import open_nursery
 
 from .s3_settings import S3Settings, parse_url
 
@@ -314,7 +315,7 @@ class S3Backend(Backend):
             async def fetch(token: str | None = token, into: dict = following) -> None:
                 into["body"] = await self._fetch_page(prefix, token, "/", 1000)
 
-            async with trio.open_nursery() as nursery:
+            async with open_nursery() as nursery:
                 if token is not None:
                     nursery.start_soon(fetch)
                 ready = await trio.to_thread.run_sync(page.fold, body, token is None)
@@ -357,7 +358,7 @@ class S3Backend(Backend):
             contents, prefixes = await self._first_keys(key + "/", 1)
             results["dir"] = bool(contents or prefixes)
 
-        async with trio.open_nursery() as nursery:
+        async with open_nursery() as nursery:
             nursery.start_soon(head)
             nursery.start_soon(under)
         if results["dir"]:

@@ -341,3 +341,25 @@ def test_cache_drop_forgets_resolved_replicas_too(mount_fs, rucio_server):
     run_cli("cache", "drop", str(m.path), check=True)
     assert adler32((m.path / f["name"]).read_bytes()) == f["adler32"]
     assert m.stats()["backend_counters"]["replica_requests"] == 2  # cold means cold
+
+
+def test_a_path_exists_exactly_when_the_catalog_says_so(mount_fs, rucio_server):
+    """A DID reached under a collection it is not attached to is no path: not on a fresh mount,
+    not after listing, and no phantom tree below one (and a 10,000-file dataset is never
+    listed to check a member)."""
+    stranger = rucio_server.catalog["ds10000"][0]["name"]
+    member = rucio_server.catalog["ds500"][0]["name"]
+    for listed_first in (False, True):
+        m = mount_fs("rucio:///bench")
+        if listed_first:
+            assert len(os.listdir(m.path / "ds500")) == 500
+        with pytest.raises(FileNotFoundError):
+            os.stat(m.path / "ds500" / stranger)
+        with pytest.raises(FileNotFoundError):
+            os.listdir(m.path / "faults" / "ds500")
+        with pytest.raises(FileNotFoundError):
+            os.stat(m.path / "cont" / "ds1000" / member)
+        assert (m.path / "ds500" / member).stat().st_size == 4096
+        assert (m.path / "cont" / "ds500" / member).stat().st_size == 4096
+        assert (m.path / "cont" / "other:ds-other").is_dir()
+        assert m.backend_calls("list") == (1 if listed_first else 0)
