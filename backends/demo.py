@@ -10,7 +10,8 @@ Tree::
 
 URL options: ``latency=20ms`` sleeps that long in every request but open (a network round
 trip);
-``faults=1`` adds ``/faults`` whose files fail in typed (and one untyped) ways. The backend
+``faults=1`` adds ``/faults`` whose files fail in typed (and one untyped) ways, and makes
+``statfs`` hang. The backend
 counts its requests by kind (``counters()``) so tests can assert what an operation cost.
 """
 
@@ -214,6 +215,8 @@ class DemoBackend(Backend):
         return small_file(_file_number(handle.rpartition("/")[2]))[offset:offset + size]
 
     async def usage(self) -> FsUsage:
+        if self.faults:  # with the faults tree, statfs hangs as a dead server would
+            await trio.sleep_forever()
         total = sum(LS_SIZES) * SMALL_SIZE + 6 * DATASET_FILES * SMALL_SIZE + BIG_SIZE
         return FsUsage(total_bytes=total, free_bytes=0, files=sum(LS_SIZES) + 601)
 

@@ -47,7 +47,17 @@ class Mount:
         time.sleep(settle)
 
     def unmount(self, check: bool = False) -> None:
-        subprocess.run([*RUCIO_FS, "unmount", str(self.path)], check=check)
+        """Unmount; a mount that will not go is detached lazily and reported (never left
+        behind silently). ``check``: and raise."""
+        result = subprocess.run([*RUCIO_FS, "unmount", str(self.path)], capture_output=True,
+                                text=True)
+        if result.returncode == 0:
+            return
+        subprocess.run(["fusermount3", "-u", "-z", str(self.path)], capture_output=True)
+        message = f"unmount of {self.path} failed: {result.stderr.strip()}"
+        print(f"warning: {message} (detached lazily)", file=sys.stderr)
+        if check:
+            raise RuntimeError(message)
 
 
 def read_env(path: Path) -> dict[str, str]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import fcntl
 import logging
 import os
 import signal
@@ -63,8 +65,15 @@ class MountRequest:
 def check_mountpoint(mountpoint: str) -> str:
     """The absolute mountpoint, or InvalidInput naming what is wrong with it."""
     path = os.path.abspath(mountpoint)
-    if not os.path.exists(path):
-        raise InvalidInput(f"mountpoint {mountpoint} does not exist")
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise InvalidInput(f"mountpoint {mountpoint} does not exist") from None
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN and find_mount(path) is not None:
+            raise InvalidInput(f"{mountpoint} is a mount whose daemon is gone: run "
+                               f"`rucio-fs unmount {mountpoint}` first") from None
+        raise InvalidInput(f"mountpoint {mountpoint}: {exc.strerror}") from None
     if not os.path.isdir(path):
         raise InvalidInput(f"mountpoint {mountpoint} is not a directory")
     mount = find_mount(path)
@@ -79,10 +88,27 @@ def check_mountpoint(mountpoint: str) -> str:
     return path
 
 
+def claim_mountpoint(path: str) -> int:
+    """Lock the (checked) mountpoint directory for this mount: a second ``rucio-fs mount`` on
+    it fails instead of stacking. The lock lives as long as the returned descriptor, which the
+    daemon inherits and keeps."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise InvalidInput(f"another rucio-fs is mounting on {path}") from None
+    if find_mount(path) is not None:  # it finished mounting before we took the lock
+        os.close(fd)
+        raise InvalidInput(f"{path} is already a mountpoint")
+    return fd
+
+
 def mount(req: MountRequest) -> int:
     """Mount as requested; returns the process exit code. Background: returns once mounted."""
     backend = open_backend(req.url)
     req.mountpoint = check_mountpoint(req.mountpoint)
+    claim_mountpoint(req.mountpoint)  # held (inherited by the daemon) until it exits
     if req.foreground:
         _setup_logging(req, sys.stderr)
         return _run(req, backend, ready_fd=None)

@@ -441,7 +441,7 @@ class RucioFs(pyfuse3.Operations):
 
     @fuse_op
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
-        usage = await self.catalog.backend.usage()
+        usage = await self.catalog.timed("usage", self.catalog.backend.usage)
         data = pyfuse3.StatvfsData()
         data.f_bsize = data.f_frsize = self.config.block_size
         data.f_blocks = usage.total_bytes // self.config.block_size

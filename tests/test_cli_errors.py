@@ -12,7 +12,8 @@ import time
 import pytest
 from conftest import RUCIO_FS, run_cli, wait_for
 
-from rucio_fs.mounts import find_mount
+from rucio_fs import control
+from rucio_fs.mounts import find_mount, read_mounts
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -145,6 +146,48 @@ def test_a_hanging_backend_call_times_out_with_eio(mount_fs):
     assert time.monotonic() - started < 10
     assert m.stats()["backend"]["read"]["errors"]["ETIMEDOUT"] >= 1
     assert "read failed: backend read timed out after 0.5 s" in m.log_text()
+    started = time.monotonic()
+    with pytest.raises(OSError) as exc:  # df of a hung backend
+        os.statvfs(m.path)
+    assert exc.value.errno == errno.EIO and time.monotonic() - started < 10
+    assert m.stats()["backend"]["usage"]["errors"]["ETIMEDOUT"] == 1
+
+
+def test_two_mounts_at_once_on_one_mountpoint_never_stack(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        procs = [subprocess.Popen([*RUCIO_FS, "mount", "demo://?latency=300ms", str(mnt)],
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        results = [(p.wait(timeout=60), p.stderr.read()) for p in procs]
+        assert sorted(code for code, _ in results) == [0, 1], results
+        error = next(err for code, err in results if code)
+        assert len(error.strip().splitlines()) == 1 and "Traceback" not in error
+        assert "rucio-fs" in error and str(mnt) in error
+        mounted = [m for m in read_mounts() if m.mountpoint == str(mnt)]
+        assert len(mounted) == 1
+    finally:
+        run_cli("unmount", str(mnt))
+
+
+def test_mounting_over_a_dead_mount_names_it_and_the_fix(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    run_cli("mount", "demo://", str(mnt), check=True)
+    try:
+        pid = control.request(str(mnt), "info")["pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}"))
+        again = run_cli("mount", "demo://", str(mnt))
+        assert again.returncode == 2 or again.returncode == 1
+        assert "daemon is gone" in again.stderr and f"rucio-fs unmount {mnt}" in again.stderr
+        assert len(again.stderr.strip().splitlines()) == 1
+        run_cli("unmount", str(mnt), check=True)
+        run_cli("mount", "demo://", str(mnt), check=True)
+        assert "ls" in os.listdir(mnt)
+    finally:
+        run_cli("unmount", str(mnt))
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
 
 
 def test_unmount_waits_for_the_daemon(mount_fs):
