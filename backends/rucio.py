@@ -356,10 +356,41 @@ class RucioBackend(Backend):
             await self._check_members(dids)
             did = dids[-1]
             request, parent_scope, what = did.url() + "/dids", did.scope, f"content of {did}"
+        # A scope's listing carries no checksums: its files' come from bulk metadata (one
+        # request per MAX_DIDS_PER_REQUEST files), so they are verified like any other.
+        unsummed: list[tuple[Did, dict[str, Any]]] = []
         async for info in self.api.ndjson("GET", request, what=what):
             child = Did(str(info.get("scope") or parent_scope), str(info.get("name", "")))
-            if child.name:
-                yield self._entry(component_for(child, parent_scope), info)
+            if not child.name:
+                continue
+            is_file = str(info.get("type") or info.get("did_type") or "").upper() == "FILE"
+            if is_file and not (info.get("adler32") or info.get("md5")):
+                unsummed.append((child, dict(info)))
+                if len(unsummed) >= MAX_DIDS_PER_REQUEST:
+                    for entry in await self._with_checksums(unsummed, parent_scope):
+                        yield entry
+                    unsummed = []
+                continue
+            yield self._entry(component_for(child, parent_scope), info)
+        if unsummed:
+            for entry in await self._with_checksums(unsummed, parent_scope):
+                yield entry
+
+    async def _with_checksums(self, files: list[tuple[Did, dict[str, Any]]],
+                              parent_scope: str) -> list[Entry]:
+        """Entries of ``files`` with the checksums their bulk metadata gives."""
+        body = {"dids": [{"scope": did.scope, "name": did.name} for did, _ in files]}
+        sums: dict[Did, dict[str, Any]] = {}
+        async for meta in self.api.ndjson("POST", "/dids/bulkmeta", json=body,
+                                          what=f"metadata of {len(files)} file(s)"):
+            if isinstance(meta, dict):
+                sums[Did(str(meta.get("scope", "")), str(meta.get("name", "")))] = meta
+        entries = []
+        for did, info in files:
+            meta = sums.get(did, {})
+            info.update({algo: meta[algo] for algo in ("adler32", "md5") if meta.get(algo)})
+            entries.append(self._entry(component_for(did, parent_scope), info))
+        return entries
 
     def use_caches(self, enabled: bool) -> None:
         self.resolver.caching = self._caching = enabled

@@ -85,9 +85,17 @@ class Entry:
         return self.kind is Kind.DIR
 
 
+#: The longest file name, in bytes, Linux accepts (``statfs`` says so as ``f_namemax``).
+NAME_MAX = 255
+
+
 def usable_name(name: str) -> bool:
-    """Whether ``name`` can be a POSIX file name (not empty, ``.``, ``..``; no ``/`` or NUL)."""
-    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
+    """Whether ``name`` can be a POSIX file name: not empty, ``.`` or ``..``; no ``/`` or NUL;
+    at most :data:`NAME_MAX` bytes in UTF-8 (a longer one could be listed but never opened,
+    and ``cp -r`` of its directory would fail). Listings leave unusable names out, count them
+    and log them."""
+    return (bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
+            and len(name.encode("utf-8", "surrogateescape")) <= NAME_MAX)
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,11 @@ class Catalog:
         self.metadata: CacheLayer[Entry] = CacheLayer(
             "metadata", config.metadata,
             ttl_cache(config.metadata_max_entries, metadata_ttl), stats)
+        #: path -> (content version, extended attributes).
+        self.xattr_cache: CacheLayer[tuple[str, dict[str, bytes]]] = CacheLayer(
+            "xattrs", config.metadata,
+            ttl_cache(config.metadata_max_entries // 10 or 1, lambda _x: config.metadata_ttl),
+            stats)
         self.listing: CacheLayer[Listing] = CacheLayer(
             "listing", config.listing,
             ttl_cache(config.listing_max_entries, lambda _l: config.listing_ttl,
@@ -203,7 +208,15 @@ class Catalog:
         await self.timed("close", lambda: self.backend.close(handle))
 
     async def xattrs(self, path: str, entry: Entry) -> dict[str, bytes]:
-        return dict(await self._call("xattrs", path, lambda: self.backend.xattrs(path, entry)))
+        """The extended attributes of ``path`` as ``entry``: asked once per version and kept
+        in the metadata layer (``getfattr -d`` asks for every name in turn)."""
+        version = "" if entry.is_dir else content_version(entry)
+        cached = self.xattr_cache.get(path)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        attrs = dict(await self._call("xattrs", path, lambda: self.backend.xattrs(path, entry)))
+        self.xattr_cache.put(path, (version, attrs))
+        return attrs
 
     async def read(self, path: str, entry: Entry, handle: Any, offset: int, size: int,
                    sequential: bool = True) -> bytes:
@@ -348,6 +361,7 @@ class Catalog:
         metadata layer and the parent's cached listing learn it without asking the backend."""
         parent, name = split_path(path)
         listing = self.listing.peek(parent)
+        self.xattr_cache.discard(path)
         if entry is None:
             self.local.pop(path, None)
             self.metadata.put(path, _MISSING)
@@ -397,6 +411,7 @@ class Catalog:
             if layer in ("metadata", "listing", "data"):
                 getattr(self, layer).drop()
                 if layer == "metadata":
+                    self.xattr_cache.drop()
                     self.backend.drop_caches()
             elif layer == "disk" and self.disk is not None:
                 self.disk.drop()

@@ -310,8 +310,15 @@ def _fsname(url: str) -> str:
 
 
 def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.Handler:
+    #: The backend's own counters at the last ``stats --reset`` (they cannot be zeroed).
+    baseline: dict[str, int] = {}
+
+    def backend_counters() -> dict[str, int]:
+        return {key: value - baseline.get(key, 0)
+                for key, value in ops.catalog.backend.counters().items()}
+
     live = {
-        "backend_counters": lambda: dict(ops.catalog.backend.counters()),
+        "backend_counters": backend_counters,
         "inodes": lambda: {"known": len(ops.inodes)},
         "sizes": lambda: {"metadata_entries": len(ops.catalog.metadata),
                           "listing_entries": ops.catalog.listing.currsize,
@@ -329,6 +336,7 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
             snap = stats.snapshot(live)
             if message.get("reset"):
                 stats.reset()
+                baseline.update(ops.catalog.backend.counters())
             return snap
         if op == "drop":
             layers = message.get("layers") or list(LAYERS)

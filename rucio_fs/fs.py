@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from .backend import Capability, Entry
+from .backend import NAME_MAX, Capability, Entry
 from .caches import Listing
 from .catalog import Catalog, child_path, content_version
 from .config import MountConfig
@@ -447,7 +447,7 @@ class RucioFs(pyfuse3.Operations):
         data.f_blocks = usage.total_bytes // self.config.block_size
         data.f_bfree = data.f_bavail = usage.free_bytes // self.config.block_size
         data.f_files = usage.files
-        data.f_namemax = 255
+        data.f_namemax = NAME_MAX
         return data
 
     # -- writing ---------------------------------------------------------------------------

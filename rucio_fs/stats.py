@@ -94,9 +94,10 @@ class Stats:
         self.fuse.clear()
         self.backend.clear()
         for layer in self.cache.values():
-            enabled = layer["enabled"]
+            enabled = layer.get("enabled")
             layer.clear()
-            layer["enabled"] = enabled
+            if enabled is not None:
+                layer["enabled"] = enabled
         self.coalesced.clear()
         self.events.clear()
 

@@ -363,3 +363,32 @@ def test_a_path_exists_exactly_when_the_catalog_says_so(mount_fs, rucio_server):
         assert (m.path / "cont" / "ds500" / member).stat().st_size == 4096
         assert (m.path / "cont" / "other:ds-other").is_dir()
         assert m.backend_calls("list") == (1 if listed_first else 0)
+
+
+def test_a_file_listed_in_its_scope_is_verified_too(mount_fs, rucio_server):
+    m = mount_fs("rucio:///bench", "--xattrs")
+    names = os.listdir(m.path)
+    assert "loose.dat" in names
+    loose = rucio_server.catalog["loose"][0]
+    assert os.getxattr(m.path / "loose.dat", "user.rucio.adler32") == loose["adler32"].encode()
+    assert adler32((m.path / "loose.dat").read_bytes()) == loose["adler32"]
+    wait_for(lambda: m.stats()["events"].get("checksum_verified") == 1)
+
+
+def test_names_longer_than_255_bytes_are_left_out_and_counted(mount_fs, rucio_server):
+    m = mount_fs("rucio:///bench")
+    names = os.listdir(m.path / "longnames")
+    assert names == ["L" * 246 + ".dat"]  # "s/"*121 + "end.dat" is 249 chars, 491 bytes escaped
+    assert m.stats()["events"]["listing_names_rejected"] == 1
+    assert "unusable or duplicate names left out" in m.log_text()
+    assert len((m.path / "longnames" / names[0]).read_bytes()) == 2000
+
+
+def test_xattrs_are_asked_once_per_file(mount_fs, rucio_server):
+    m = mount_fs("rucio:///bench", "--xattrs")
+    path = m.path / "ds500" / rucio_server.catalog["ds500"][0]["name"]
+    for _ in range(2):
+        dumped = subprocess.run(["getfattr", "-d", str(path)], capture_output=True, text=True,
+                                check=True).stdout
+        assert "user.rucio.adler32" in dumped
+    assert m.backend_calls("xattrs") == 1

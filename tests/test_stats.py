@@ -27,8 +27,10 @@ def test_counts_match_a_known_workload_exactly(mount_fs):
     backend = {call: data["latency"]["count"] for call, data in snap["backend"].items()}
     assert backend == {"stat": 3, "open": 1, "read": 1, "close": 1}, backend
     assert snap["backend"]["read"]["bytes"] == 4096
-    # The demo's own request counters (never reset) agree with the daemon's accounting.
-    own = {k: v - before.get(k, 0) for k, v in snap["backend_counters"].items()}
+    # The demo's own request counters start again at the reset too, and agree with the
+    # daemon's accounting.
+    assert before  # the root's stat at the mount
+    own = {k: v for k, v in snap["backend_counters"].items() if v}
     assert own == {"stat": 3, "open": 1, "read": 1, "read_bytes": 4096}
     assert snap["cache"]["data"]["misses"] == 1 and snap["cache"]["data"]["stores"] == 1
     hist = snap["fuse"]["lookup"]["latency"]
@@ -60,6 +62,12 @@ def test_formats_reset_and_diff(mount_fs, tmp_path):
     (tmp_path / "a.csv").write_text(first)
     after_reset = m.stats()
     assert not after_reset["backend"]
+    assert not any(after_reset["backend_counters"].values())
+    m.drop()  # the kernel layer's drop count appears; a reset keeps every layer's switch
+    run_cli("stats", str(m.path), "--reset", check=True)
+    layers = run_cli("stats", str(m.path), check=True).stdout
+    kernel_line = next(line for line in layers.splitlines() if line.startswith("kernel "))
+    assert kernel_line.split()[1] == "yes", kernel_line
     os.listdir(m.path / "ls" / "files-1000")
     os.listdir(m.path / "ls" / "files-5000")
     second = run_cli("stats", str(m.path), "--format", "csv", check=True).stdout
