@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import trio
 
 from .backend import Backend, Entry, Kind
+from .budget import Shares
 from .caches import CacheLayer, Listing, byte_cache, ttl_cache
 from .config import MountConfig
 from .disk_cache import DiskCache
@@ -75,13 +76,13 @@ class Catalog:
             "listing", config.listing,
             ttl_cache(config.listing_max_entries, lambda _l: config.listing_ttl,
                       getsizeof=lambda listing: len(listing) + 1), stats)
-        # One memory budget for data: a quarter for read-ahead in flight, the rest for blocks.
+        # The memory limit's shares for reads: cached blocks and read-ahead in flight.
+        shares = Shares(config.memory_limit)
         self.prefetch_budget_blocks = (
-            max(1, config.data_max_bytes // 4 // config.block_size)
+            max(1, shares.read_ahead // config.block_size)
             if config.data and config.prefetch_max_bytes else 0)
-        cached_bytes = config.data_max_bytes - self.prefetch_budget_blocks * config.block_size
         self.data: CacheLayer[bytes] = CacheLayer(
-            "data", config.data, byte_cache(max(cached_bytes, config.block_size)), stats)
+            "data", config.data, byte_cache(max(shares.data_cache, config.block_size)), stats)
         self._flight = SingleFlight(config.coalescing, stats.coalesced)
         #: Files created through this mount and not yet uploaded: shown by stat and list.
         self.local: dict[str, Entry] = {}

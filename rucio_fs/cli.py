@@ -86,9 +86,10 @@ def cli() -> None:
 @click.option("--listing-ttl", type=DURATION, default=DEFAULTS.listing_ttl, show_default=True)
 @click.option("--listing-max-entries", type=int, default=DEFAULTS.listing_max_entries,
               show_default=True, help="Bound on the entries of all cached listings together.")
-@click.option("--data-cache-size", type=SIZE, default=DEFAULTS.data_max_bytes,
-              show_default=True,
-              help="Memory budget for file data: cached blocks and read-ahead in flight.")
+@click.option("--memory-limit", "--data-cache-size", "memory_limit", type=SIZE,
+              default=DEFAULTS.memory_limit, show_default=True,
+              help="File data in memory, reads and writes together: cached blocks (1/2), "
+                   "read-ahead (1/8), upload parts (1/4), verification (1/8).")
 @click.option("--block-size", type=SIZE, default=DEFAULTS.block_size, show_default=True,
               help="Data cache block size.")
 @click.option("--attr-window", type=DURATION, default=DEFAULTS.attr_window, show_default=True,
@@ -122,7 +123,7 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
           cache_free_floor: int, no_disk_cache: bool, no_coalescing: bool, kernel_ttl: float,
           immutable_ttl: float, negative_ttl: float, metadata_ttl: float,
           metadata_max_entries: int, listing_ttl: float, listing_max_entries: int,
-          data_cache_size: int, block_size: int, attr_window: float, prefetch_max: int,
+          memory_limit: int, block_size: int, attr_window: float, prefetch_max: int,
           no_verify: bool,
           timeout: float,
           xattrs: bool, read_ahead_kb: int, max_background: int, max_tasks: int,
@@ -137,7 +138,7 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
         coalescing=not no_coalescing, kernel_ttl=kernel_ttl, immutable_ttl=immutable_ttl,
         negative_ttl=negative_ttl, metadata_ttl=metadata_ttl,
         metadata_max_entries=metadata_max_entries, listing_ttl=listing_ttl,
-        listing_max_entries=listing_max_entries, data_max_bytes=data_cache_size,
+        listing_max_entries=listing_max_entries, memory_limit=memory_limit,
         block_size=block_size, attr_window=attr_window,
         prefetch_max_bytes=prefetch_max, verify=not no_verify, backend_timeout=timeout,
         disk_dir="" if (cold or no_disk_cache or not cache_dir) else os.path.abspath(cache_dir),

@@ -68,7 +68,8 @@ class MountConfig:
     metadata_max_entries: int = 500_000
     listing_ttl: float = 60.0
     listing_max_entries: int = 2_000_000
-    data_max_bytes: int = 256 << 20
+    #: File data in memory, reads and writes together (see budget.py for its shares).
+    memory_limit: int = 256 << 20
     block_size: int = 1 << 20
     attr_window: float = 1.0
     #: Most data fetched ahead of one sequential reader (0: no read-ahead by the daemon).
@@ -103,8 +104,10 @@ class MountConfig:
             raise InvalidInput("timeout must be positive")
         if not 4096 <= self.block_size <= 64 << 20 or self.block_size & (self.block_size - 1):
             raise InvalidInput("block-size must be a power of two between 4K and 64M")
-        for name in ("metadata_max_entries", "listing_max_entries", "data_max_bytes",
-                     "disk_max_bytes"):
+        for name in ("metadata_max_entries", "listing_max_entries", "disk_max_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidInput(f"{name.replace('_', '-')} must be positive")
+        if self.memory_limit < 8 * self.block_size:
+            raise InvalidInput(f"memory-limit must be at least 8 blocks ({8 * self.block_size} "
+                               "bytes)")
         return self

@@ -22,6 +22,7 @@ import pyfuse3
 import trio
 
 from .backend import NAME_MAX, Capability, Entry
+from .budget import Shares
 from .caches import Listing
 from .catalog import Catalog, child_path, content_version
 from .config import MountConfig
@@ -368,7 +369,8 @@ class RucioFs(pyfuse3.Operations):
             return None
         verifier = node.verifier
         if verifier is None or verifier.version != version or verifier.state == "abandoned":
-            verifier = verifier_for(node.path, entry.size, entry.checksums, version)
+            verifier = verifier_for(node.path, entry.size, entry.checksums, version,
+                                    Shares(self.config.memory_limit).verification)
             if verifier is None:
                 return None
             node.verifier = verifier

@@ -53,7 +53,7 @@ class StreamVerifier:
     """
 
     def __init__(self, path: str, algorithm: str, expected: str, size: int,
-                 version: str = "") -> None:
+                 version: str = "", max_pending: int | None = None) -> None:
         self.path = path
         #: The content version whose bytes this verifies.
         self.version = version
@@ -64,6 +64,8 @@ class StreamVerifier:
         self.state = "verifying"  # → "verified", "mismatch" or "abandoned"
         #: Chunks left out of the reorder buffer since the caller last reset this.
         self.dropped = 0
+        #: Bytes the reorder buffer may hold (the verification share of the memory limit).
+        self.max_pending = MAX_PENDING if max_pending is None else min(max_pending, MAX_PENDING)
         #: Open handles feeding this verifier (kept by the FUSE layer).
         self.users = 0
         self._hash: Any = _Adler32() if algorithm == "adler32" else hashlib.new(algorithm)
@@ -129,7 +131,7 @@ class StreamVerifier:
     def _advance(self, offset: int, data: bytes) -> list[memoryview]:
         """Move the hashed prefix over ``data`` and any waiting chunks it reaches."""
         if offset > self.hashed:
-            if self._pending_bytes + len(data) > MAX_PENDING:
+            if self._pending_bytes + len(data) > self.max_pending:
                 self.dropped += 1  # not claimed: the kernel must ask for it again
             elif offset not in self._pending:
                 self._pending[offset] = data
@@ -157,11 +159,11 @@ class StreamVerifier:
             self._hash.update(view)
 
 
-def verifier_for(path: str, size: int, checksums: Mapping[str, str],
-                 version: str = "") -> StreamVerifier | None:
+def verifier_for(path: str, size: int, checksums: Mapping[str, str], version: str = "",
+                 max_pending: int | None = None) -> StreamVerifier | None:
     """A verifier for the cheapest checksum the catalog gave, or None if it gave none."""
     for algorithm in ALGORITHMS:
         expected = checksums.get(algorithm)
         if expected:
-            return StreamVerifier(path, algorithm, expected, size, version)
+            return StreamVerifier(path, algorithm, expected, size, version, max_pending)
     return None

@@ -5,9 +5,10 @@ Contract:
 * A :class:`DirtyFile` holds one file's new content in a staging file, which is the truth
   until the backend has committed it; reads of the file are served from it meanwhile.
 * A file written from empty by appends streams to the backend as parts while the writer is
-  still writing. At most ``parts_in_flight`` parts of all files are in memory at once; a writer
-  waits when that many are on their way. A write or truncate below what was already streamed
-  abandons the streamed parts; the staged file is then uploaded whole at commit.
+  still writing. The parts of all files on their way share the uploads' share of the memory
+  limit (:mod:`rucio_fs.budget`); a writer waits when it is spent. A write or truncate
+  below what was already streamed abandons the streamed parts; the staged file is then
+  uploaded whole at commit.
 * ``commit`` (flush, fsync, close) uploads, then has the backend confirm that the server holds
   the object with the size and version sent (:meth:`Backend.confirm`), and raises on any
   failure or unknown outcome, so ``close`` reports it. The staged data stays and the next
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .backend import Entry, Kind, Upload
+from .budget import ByteBudget, Shares
 from .errors import RucioFsError, Unavailable
 
 if TYPE_CHECKING:
@@ -44,8 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Parts of all files being uploaded at once (each is in memory while on its way).
-PARTS_IN_FLIGHT = 8
 #: The most parts an upload may have (S3's limit); larger files get larger parts.
 MAX_PARTS = 10_000
 #: Bytes copied per step when a file's old content is staged before modifying it.
@@ -269,8 +269,8 @@ class DirtyFile:
                         raise
                     return
             length = min(part, remaining)
-            await self.wb.part_slots.acquire()
             await self._file_slots.acquire()
+            await self.wb.part_bytes.acquire(length)
             self._in_flight += 1
             self.wb.spawn(self._send_part, self._upload, self._next_part, self.frontier, length)
             self._next_part += 1
@@ -287,7 +287,7 @@ class DirtyFile:
             if self._part_error is None:
                 self._part_error = exc
         finally:
-            self.wb.part_slots.release()
+            self.wb.part_bytes.release(length)
             self._file_slots.release()
             self._in_flight -= 1
             done, self._parts_done = self._parts_done, trio.Event()
@@ -360,13 +360,13 @@ class WriteBack:
     """The files of one mount that are being written or wait for a successful upload,
     by catalog path (renames re-key them)."""
 
-    def __init__(self, catalog: Catalog, staging_dir: str, url: str,
-                 parts_in_flight: int = PARTS_IN_FLIGHT) -> None:
+    def __init__(self, catalog: Catalog, staging_dir: str, url: str) -> None:
         self.catalog = catalog
         self.url = url
         self.staging_dir = staging_dir
         self.files: dict[str, DirtyFile] = {}
-        self.part_slots = trio.Semaphore(parts_in_flight)
+        #: Bytes of parts on their way, all files together.
+        self.part_bytes = ByteBudget(Shares(catalog.config.memory_limit).uploads)
         self.generations = itertools.count(1)
         #: Where part uploads run; set by the daemon.
         self.nursery: trio.Nursery | None = None

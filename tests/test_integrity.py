@@ -130,7 +130,7 @@ def test_no_whole_read_of_a_corrupt_file_ever_succeeds(program, small_buffer, di
     # A reorder buffer of two pages makes the verifier drop chunks that run ahead of it.
     monkeypatch.setattr(integrity, "MAX_PENDING", 2 * PAGE if small_buffer else 64 << 20)
     disk_dir = str(tmp_path_factory.mktemp("disk")) if disk else ""
-    config = MountConfig(block_size=PAGE, data_max_bytes=64 * PAGE, prefetch_max_bytes=4 * PAGE)
+    config = MountConfig(block_size=PAGE, memory_limit=128 * PAGE, prefetch_max_bytes=4 * PAGE)
     try:
         trio.run(_run_program, program, disk_dir, kernels, config)
     finally:
