@@ -629,6 +629,15 @@ class _ParallelUpload(Upload):
         await self._shutdown()
         return self.backend._sent(self.path, size)
 
+    async def release_unconfirmed(self) -> None:
+        """The shutdown's success was not real: close the handle (again), quietly."""
+        try:
+            await self.backend._post("/data-objects", f"finish upload of {self.lpath}",
+                                     op="parallel_write_shutdown",
+                                     **{"parallel-write-handle": self.handle})
+        except RucioFsError as exc:
+            log.debug("closing the unconfirmed upload of %s: %s", self.lpath, exc)
+
     async def abort(self) -> None:
         if self._closed:
             return

@@ -131,6 +131,12 @@ class Upload(ABC):
         """Forget the parts; the file keeps its previous content. Must not raise for a
         server that is gone (log instead): it runs on error paths."""
 
+    async def release_unconfirmed(self) -> None:
+        """``commit`` returned but the server did not confirm the object: let go of whatever
+        the upload may still hold there (parts, an open handle), best effort, never raising.
+        The core uploads the staged file again later."""
+        await self.abort()
+
 
 class Backend(ABC):
     """Base class of every catalog backend. See the module docstring for the contract."""

@@ -88,6 +88,8 @@ class DirtyFile:
         self.streaming = self.materialized
         self.frontier = 0
         self._upload: Upload | None = None
+        #: The upload whose commit returned, until the server confirms it.
+        self._committed: Upload | None = None
         self._next_part = 1
         self._in_flight = 0
         self._parts_done = trio.Event()
@@ -207,10 +209,16 @@ class DirtyFile:
                 return None
             try:
                 sent = await self._upload_content()
+                committed, self._committed = self._committed, None
                 # Retried or not, the staged copy goes only once the server proves it holds
                 # what was sent.
-                entry = await self.wb.catalog.timed(
-                    "confirm", lambda: self.wb.catalog.backend.confirm(self.path, sent))
+                try:
+                    entry = await self.wb.catalog.timed(
+                        "confirm", lambda: self.wb.catalog.backend.confirm(self.path, sent))
+                except RucioFsError:
+                    if committed is not None:
+                        await _release_unconfirmed(committed, self.path)
+                    raise
             except RucioFsError as exc:
                 self.error = str(exc)
                 self.rerecord()
@@ -313,8 +321,11 @@ class DirtyFile:
                 raise error
             raise Unavailable(f"{self.path}: part upload failed: {error!r}") from error
         try:
-            return await self.wb.catalog.timed("commit_upload", lambda: upload.commit(self.size),
-                                               extra_seconds=upload.commit_seconds())
+            entry = await self.wb.catalog.timed("commit_upload",
+                                                lambda: upload.commit(self.size),
+                                                extra_seconds=upload.commit_seconds())
+            self._committed = upload
+            return entry
         except BaseException:
             await _abort(upload, self.path)
             self.streaming = False
@@ -354,6 +365,14 @@ async def _abort(upload: Upload, path: str) -> None:
             log.warning("%s: aborting an upload failed: %s", path, exc)
     if scope.cancelled_caught:
         log.warning("%s: aborting an upload timed out", path)
+
+
+async def _release_unconfirmed(upload: Upload, path: str) -> None:
+    with trio.move_on_after(30):
+        try:
+            await upload.release_unconfirmed()
+        except Exception as exc:
+            log.info("%s: releasing an unconfirmed upload failed: %s", path, exc)
 
 
 class WriteBack:

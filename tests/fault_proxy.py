@@ -82,17 +82,18 @@ class FaultProxy:
         with self.lock:
             self.faults.clear()
 
-    def _peek_fault(self, method: str, path: str) -> str | None:
+    def _peek_fault(self, method: str, path: str, body: bytes = b"") -> str | None:
         with self.lock:
             return next((kind for kind, match, left, only in self.faults
-                         if match in path and left != 0 and only in ("", method)), None)
+                         if _matches(match, path, body) and left != 0
+                         and only in ("", method)), None)
 
-    def _take_fault(self, method: str, path: str) -> str | None:
+    def _take_fault(self, method: str, path: str, body: bytes = b"") -> str | None:
         with self.lock:
             self.requests += 1
             for fault in self.faults:
                 kind, match, left, only = fault
-                if match in path and left != 0 and only in ("", method):
+                if _matches(match, path, body) and left != 0 and only in ("", method):
                     fault[2] = left - 1 if left > 0 else left
                     return kind
         return None
@@ -100,20 +101,20 @@ class FaultProxy:
     def forward(self, handler: BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
-        method, path = handler.command, handler.path
-        before = self._peek_fault(method, path)
+        method, path, sent = handler.command, handler.path, body or b""
+        before = self._peek_fault(method, path, sent)
         if before == "fake-ok":
-            self._take_fault(method, path)
-            _fake_ok(handler, body or b"")
+            self._take_fault(method, path, sent)
+            _fake_ok(handler, sent)
             return
         if before == "slowdown":
-            self._take_fault(method, path)
+            self._take_fault(method, path, sent)
             _answer(handler, 503, {"Content-Type": "application/xml"},
                     b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
                     b"<Message>Please reduce your request rate.</Message></Error>")
             return
         if before == "error":
-            self._take_fault(method, path)
+            self._take_fault(method, path, sent)
             _answer(handler, 500, {"ExceptionClass": "DatabaseException",
                                    "ExceptionMessage": "injected"},
                     b'{"ExceptionClass": "DatabaseException", "ExceptionMessage": "injected"}')
@@ -127,7 +128,7 @@ class FaultProxy:
             status, reply_headers = response.status, response.getheaders()
         finally:
             upstream.close()
-        fault = self._take_fault(method, path) if data or status == 200 else None
+        fault = self._take_fault(method, path, sent) if data or status == 200 else None
         assert fault not in ("error", "slowdown", "fake-ok")
         if fault == "lost-ok":
             _answer(handler, 500, {"Content-Type": "application/xml"},
@@ -165,10 +166,19 @@ class FaultProxy:
         handler.wfile.write(data)
 
 
+def _matches(match: str, path: str, body: bytes) -> bool:
+    """A fault's ``match`` is found in the request's path or body (an iRODS form's op)."""
+    return match in path or (bool(match) and match.encode() in body)
+
+
 def _fake_ok(handler: BaseHTTPRequestHandler, body: bytes) -> None:
-    """A 200 as an S3 server would send it, for work that was never done."""
+    """A 200 as the server would send it (S3, or the iRODS HTTP API), for work never done."""
     import hashlib
 
+    if "/data-objects" in handler.path:
+        _answer(handler, 200, {"Content-Type": "application/json"},
+                b'{"irods_response": {"status_code": 0}}')
+        return
     etag = f'"{hashlib.md5(body).hexdigest()}"'
     if handler.command == "POST" and "uploadId=" in handler.path:
         _answer(handler, 200, {"Content-Type": "application/xml"},

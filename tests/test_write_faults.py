@@ -146,3 +146,42 @@ def test_pending_uploads_are_retried_on_their_own(mount_fs, s3_server):
         proxy.clear()
         wait_for(lambda: _stored(s3_server, f"{prefix}/late") == b"arrives later", timeout=40,
                  interval=0.5)
+
+
+#: iRODS: request -> (match in the form, file size that makes the request happen)
+IRODS_REQUESTS = {
+    "write": ("\r\n\r\nwrite\r\n", SMALL),
+    "init": ("parallel_write_init", LARGE),
+    "shutdown": ("parallel_write_shutdown", LARGE),
+}
+
+
+@pytest.mark.parametrize("fault", ["fails", "times-out", "retry-fake-success", "fake-success",
+                                   "success-reported-as-failure"])
+@pytest.mark.parametrize("request_name", sorted(IRODS_REQUESTS))
+def test_irods_close_returns_zero_only_for_a_byte_identical_object(mount_fs, irods_server,
+                                                                   request_name, fault):
+    irods_server.require_fake()
+    match, size = IRODS_REQUESTS[request_name]
+    data = _content(size)
+    collection = irods_server.collection(f"wf-{request_name}-{fault}")
+    with fault_proxy(f"http://{irods_server.netloc}") as proxy:
+        url = irods_server.url(collection).replace(irods_server.netloc,
+                                                   f"127.0.0.1:{proxy.port}")
+        mnt = mount_fs(url, "-o", "timeout=1s", "-o", "part_size=5M", "--timeout", "8")
+
+        def arm() -> None:
+            for kind, times in FAULTS[fault]:
+                proxy.inject(kind, match, times=times, method="POST")
+
+        closed = _write(mnt.path / "f", data, arm)
+        if closed == 0:
+            assert irods_server.read(f"{collection}/f") == data, "close returned 0, data differs"
+        else:
+            wait_for(lambda: irods_server.read(f"{collection}/f") == data
+                     or "pending /f" in run_cli("uploads", str(mnt.path)).stdout,
+                     timeout=30, interval=0.2)
+        proxy.clear()
+        wait_for(lambda: irods_server.read(f"{collection}/f") == data, timeout=40, interval=0.5)
+        wait_for(lambda: "no pending uploads" in run_cli("uploads", str(mnt.path)).stdout,
+                 timeout=20, interval=0.5)
