@@ -254,3 +254,35 @@ def test_s3_listing_pages_fold_to_the_whole_listing_rule(names, cuts):
             out.extend(folder.fold(_s3_page("p/", page), last=i == len(pages) - 1))
         assert sorted(e.name for e in out if e.is_dir) == sorted(dirs)
         assert sorted(e.name for e in out if not e.is_dir) == sorted(files)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=6, unique=True), st.integers(0, 5))
+def test_a_group_flight_never_takes_over_a_flight_already_under_way(group, single):
+    """A read-ahead group covering a block a reader is already fetching: both finish, each
+    caller gets its own key's value, and no flight is left behind (it was a KeyError)."""
+    flight = SingleFlight(True, Counter())
+    results: dict[str, object] = {}
+
+    async def one() -> None:
+        async def fetch() -> str:
+            await trio.sleep(0.03)  # still under way when the group's call has finished
+            return f"single-{single}"
+        results["single"] = await flight.run(("read", single), fetch)
+
+    async def many() -> None:
+        async def fetch() -> list[str]:
+            await trio.sleep(0.01)
+            return [f"group-{k}" for k in group]
+        results["group"] = await flight.run_group([("read", k) for k in group], fetch)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            await trio.sleep(0.001)
+            nursery.start_soon(many)
+
+    trio.run(main)
+    assert results["single"] == f"single-{single}"
+    assert results["group"] == [f"group-{k}" for k in group]
+    assert not any(flight.in_flight(("read", k)) for k in range(6))
