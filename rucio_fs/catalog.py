@@ -1,8 +1,10 @@
 """Filesystem semantics over one backend: the cache layers, coalescing and call accounting.
 
-Every backend call of a mount goes through :class:`Catalog`, so caching, single-flight and
-metrics behave identically for all backends. Paths are catalog paths (see
-:mod:`rucio_fs.backend`).
+Every backend call of a mount goes through :class:`Catalog` — reads, listings, namespace
+changes, uploads and their confirmation, ``statfs``, xattrs — so every call is bounded by the
+backend timeout, counted, and followed by the same cache bookkeeping for all backends
+(``tests/test_layering.py`` checks that no other core module reaches the backend). Paths are
+catalog paths (see :mod:`rucio_fs.backend`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from .backend import Backend, Entry, Kind
+from .backend import Backend, Capability, Entry, FsUsage, Kind, Upload
 from .budget import Shares
 from .caches import CacheLayer, Listing, byte_cache, ttl_cache
 from .config import MountConfig
@@ -355,6 +357,103 @@ class Catalog:
             raise IntegrityError(f"backend returned {len(data)} of {size} bytes at {offset}")
         return data
 
+    # -- what the backend declares -------------------------------------------------------------
+
+    @property
+    def scheme(self) -> str:
+        return self.backend.scheme
+
+    def can(self, capability: Capability) -> bool:
+        """Whether the backend declared ``capability`` (never probed)."""
+        return bool(self.backend.capabilities & capability)
+
+    @property
+    def single_put_max(self) -> int:
+        return self.backend.single_put_max
+
+    @property
+    def upload_part_size(self) -> int:
+        return self.backend.upload_part_size
+
+    @property
+    def upload_parallelism(self) -> int:
+        return self.backend.upload_parallelism
+
+    def backend_counters(self) -> dict[str, int]:
+        return dict(self.backend.counters())
+
+    async def usage(self) -> FsUsage:
+        return await self.timed("usage", self.backend.usage)
+
+    # -- changes: each one backend call, timed and counted, then the caches learn it -----------
+
+    async def mkdir(self, path: str) -> Entry:
+        entry = await self.timed("mkdir", lambda: self.backend.mkdir(path))
+        self.new_directory(path, entry)
+        return entry
+
+    async def unlink(self, path: str, on_server: bool = True) -> None:
+        """``path`` goes (``on_server`` False: it was only ever local to this mount)."""
+        if on_server:
+            await self.timed("unlink", lambda: self.backend.unlink(path))
+        self.note_entry(path, None)
+
+    async def rmdir(self, path: str) -> None:
+        await self.timed("rmdir", lambda: self.backend.rmdir(path))
+        self.listing.discard(path)  # it was empty: nothing below to forget
+        self.note_entry(path, None)
+
+    async def rename(self, old: str, new: str, entry: Entry) -> Entry:
+        moved = await self.timed("rename", lambda: self.backend.rename(old, new, entry))
+        self.note_entry(old, None)
+        if entry.is_dir:
+            self.forget_tree(old)
+            self.forget_tree(new)
+        self.note_entry(new, moved)
+        return moved
+
+    def renamed_locally(self, old: str, new: str, entry: Entry) -> None:
+        """A file never uploaded moved: only this mount knows of it, under ``new`` now."""
+        self.note_entry(old, None)
+        self.created_locally(new, entry)
+
+    async def truncate(self, path: str, size: int) -> Entry:
+        entry = await self.timed("truncate", lambda: self.backend.truncate(path, size))
+        self.note_entry(path, entry)
+        return entry
+
+    async def set_mtime(self, path: str, entry: Entry, mtime_ns: int, now: bool) -> Entry:
+        new = await self.timed("set_mtime",
+                               lambda: self.backend.set_mtime(path, entry, mtime_ns, now))
+        self.note_entry(path, new)
+        return new
+
+    async def set_xattr(self, path: str, entry: Entry, name: str, value: bytes | None) -> Entry:
+        new = await self.timed("setxattr",
+                               lambda: self.backend.set_xattr(path, entry, name, value))
+        self.note_entry(path, new)
+        return new
+
+    # -- uploads ----------------------------------------------------------------------------
+
+    async def put(self, path: str, data: bytes) -> Entry:
+        return await self.timed("put", lambda: self.backend.put(path, data))
+
+    async def begin_upload(self, path: str) -> Upload:
+        return await self.timed("begin_upload", lambda: self.backend.begin_upload(path))
+
+    async def write_part(self, upload: Upload, number: int, offset: int, data: bytes) -> None:
+        await self.timed("write_part", lambda: upload.write_part(number, offset, data))
+
+    async def commit_upload(self, upload: Upload, size: int) -> Entry:
+        return await self.timed("commit_upload", lambda: upload.commit(size),
+                                extra_seconds=upload.commit_seconds())
+
+    async def confirm(self, path: str, sent: Entry) -> Entry:
+        """What the server holds at ``path`` after an upload that returned ``sent``
+        (Unconfirmed unless it is that)."""
+        return await self.timed("confirm", lambda: self.backend.confirm(path, sent))
+
     # -- changes made through this mount --------------------------------------------------------
 
     def note_entry(self, path: str, entry: Entry | None) -> None:
@@ -372,6 +471,11 @@ class Catalog:
             self.metadata.put(path, entry)
             if listing is not None:
                 listing.upsert(entry)
+
+    def has_local_below(self, path: str) -> bool:
+        """Whether a file only this mount knows of lies below directory ``path``."""
+        below = path.rstrip("/") + "/"
+        return any(p.startswith(below) for p in self.local)
 
     def created_locally(self, path: str, entry: Entry) -> None:
         """A new file exists only in the mount until its first upload."""

@@ -315,7 +315,7 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
 
     def backend_counters() -> dict[str, int]:
         return {key: value - baseline.get(key, 0)
-                for key, value in ops.catalog.backend.counters().items()}
+                for key, value in ops.catalog.backend_counters().items()}
 
     live = {
         "backend_counters": backend_counters,
@@ -336,7 +336,7 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
             snap = stats.snapshot(live)
             if message.get("reset"):
                 stats.reset()
-                baseline.update(ops.catalog.backend.counters())
+                baseline.update(ops.catalog.backend_counters())
             return snap
         if op == "drop":
             layers = message.get("layers") or list(LAYERS)

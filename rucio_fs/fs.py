@@ -368,7 +368,7 @@ class RucioFs(pyfuse3.Operations):
         if not self.config.verify or node.verified_version == version or self.nursery is None:
             return None
         verifier = node.verifier
-        if verifier is None or verifier.version != version or verifier.state == "abandoned":
+        if verifier is None or verifier.version != version or not verifier.takes_readers():
             verifier = verifier_for(node.path, entry.size, entry.checksums, version,
                                     Shares(self.config.memory_limit).verification)
             if verifier is None:
@@ -426,12 +426,12 @@ class RucioFs(pyfuse3.Operations):
         if verifier is not None:
             verifier.users -= 1
             if verifier.users == 0:  # its last reader is gone: settle and count the verdict
+                if node.verifier is verifier:  # an open meanwhile starts a pass of its own
+                    node.verifier = None
                 await verifier.close()
                 self.stats.events[f"checksum_{verifier.state}"] += 1
                 if verifier.state == "verified":
                     node.verified_version = verifier.version
-                if node.verifier is verifier:
-                    node.verifier = None
         if handle.backend_handle is not None or handle.dirty is None:
             await self.catalog.close(handle.backend_handle)
         if handle.writer and handle.dirty is not None and self.writes is not None:
@@ -443,7 +443,7 @@ class RucioFs(pyfuse3.Operations):
 
     @fuse_op
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
-        usage = await self.catalog.timed("usage", self.catalog.backend.usage)
+        usage = await self.catalog.usage()
         data = pyfuse3.StatvfsData()
         data.f_bsize = data.f_frsize = self.config.block_size
         data.f_blocks = usage.total_bytes // self.config.block_size
@@ -464,8 +464,8 @@ class RucioFs(pyfuse3.Operations):
 
     def _need(self, capability: Capability, what: str) -> None:
         self._writeback()
-        if not self.catalog.backend.capabilities & capability:
-            raise NotSupported(f"{self.catalog.backend.scheme} cannot {what}")
+        if not self.catalog.can(capability):
+            raise NotSupported(f"{self.catalog.scheme} cannot {what}")
 
     def _child(self, parent_inode: int, name: bytes) -> tuple[Inode, str, str]:
         """The parent inode, the child's name and its catalog path."""
@@ -595,10 +595,8 @@ class RucioFs(pyfuse3.Operations):
             return
         if entry.size == size:
             return
-        backend = self.catalog.backend
-        if backend.capabilities & Capability.TRUNCATE:
-            new = await self.catalog.timed("truncate", lambda: backend.truncate(node.path, size))
-            self._changed(node, new)
+        if self.catalog.can(Capability.TRUNCATE):
+            self._changed(node, await self.catalog.truncate(node.path, size))
             return
         dirty = writes.open(node.path, entry)
         try:
@@ -624,14 +622,11 @@ class RucioFs(pyfuse3.Operations):
             if dirty is not None:
                 dirty.set_mtime(now_ns)
             return
-        backend = self.catalog.backend
-        new = await self.catalog.timed(
-            "set_mtime", lambda: backend.set_mtime(node.path, node.entry, mtime, is_now))
-        self._changed(node, new)
+        self._changed(node, await self.catalog.set_mtime(node.path, node.entry, mtime, is_now))
 
     def _changed(self, node: Inode, entry: Entry) -> None:
-        """``node`` now is ``entry`` after a change made through the mount."""
-        self.catalog.note_entry(node.path, entry)
+        """``node`` now is ``entry`` after a change made through the mount (the catalog's
+        caches know already)."""
         node.entry, node.attrs, node.fetched_at = entry, None, time.monotonic()
         node.cached_version = INVALID
 
@@ -639,9 +634,7 @@ class RucioFs(pyfuse3.Operations):
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
         parent, text, path = self._child(parent_inode, name)
         self._need(Capability.MKDIR, "create directories")
-        backend = self.catalog.backend
-        entry = await self.catalog.timed("mkdir", lambda: backend.mkdir(path))
-        self.catalog.new_directory(path, entry)
+        entry = await self.catalog.mkdir(path)
         return self._attrs(self.inodes.lookup(parent, text, entry, time.monotonic()))
 
     @fuse_op
@@ -652,10 +645,7 @@ class RucioFs(pyfuse3.Operations):
         if entry.is_dir:
             raise IsADirectory(path)
         dirty = await self._writeback().unlinked(path)
-        if dirty is None or dirty.base is not None:
-            backend = self.catalog.backend
-            await self.catalog.timed("unlink", lambda: backend.unlink(path))
-        self.catalog.note_entry(path, None)
+        await self.catalog.unlink(path, on_server=dirty is None or dirty.base is not None)
         self.inodes.detach(parent, text)
 
     @fuse_op
@@ -666,12 +656,10 @@ class RucioFs(pyfuse3.Operations):
         if not entry.is_dir:
             raise NotADirectory(path)
         below = path + "/"
-        if any(p.startswith(below) for p in (*self.catalog.local, *self._writeback().files)):
+        if (self.catalog.has_local_below(path)
+                or any(p.startswith(below) for p in self._writeback().files)):
             raise NotEmpty(path)
-        backend = self.catalog.backend
-        await self.catalog.timed("rmdir", lambda: backend.rmdir(path))
-        self.catalog.listing.discard(path)  # it was empty: nothing below to forget
-        self.catalog.note_entry(path, None)
+        await self.catalog.rmdir(path)
         self.inodes.detach(parent, text)
 
     @fuse_op
@@ -708,21 +696,13 @@ class RucioFs(pyfuse3.Operations):
                 if local_only:
                     # Never uploaded: the move is the mount's own business until the upload.
                     await writes.renamed(old, new)
-                    self.catalog.note_entry(old, None)
                     new_entry = dirty.entry()
-                    self.catalog.created_locally(new, new_entry)
+                    self.catalog.renamed_locally(old, new, new_entry)
         if not local_only:
             if dirty is not None:
                 entry = await dirty.commit() or dirty.base or entry
-            backend = self.catalog.backend
-            new_entry = await self.catalog.timed("rename",
-                                                 lambda: backend.rename(old, new, entry))
+            new_entry = await self.catalog.rename(old, new, entry)
             await writes.renamed(old, new)
-            self.catalog.note_entry(old, None)
-            if entry.is_dir:
-                self.catalog.forget_tree(old)
-                self.catalog.forget_tree(new)
-            self.catalog.note_entry(new, new_entry)
         self.inodes.move(old_parent, old_name, new_parent, new_name)
         node = new_parent.children.get(new_name)
         if node is not None and self._dirty(new) is None:
@@ -770,9 +750,7 @@ class RucioFs(pyfuse3.Operations):
         dirty = self._dirty(node.path)
         entry = (await dirty.commit() or dirty.base) if dirty is not None else None
         entry = entry or await self._revalidate(node)
-        backend = self.catalog.backend
-        new = await self.catalog.timed(
-            "setxattr", lambda: backend.set_xattr(node.path, entry, key[5:], value))
+        new = await self.catalog.set_xattr(node.path, entry, key[5:], value)
         if dirty is not None:
             dirty.base = new
         self._changed(node, new)

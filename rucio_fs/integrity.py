@@ -95,6 +95,14 @@ class StreamVerifier:
                                   f"{self.expected}, the data gives {actual}")
         self._done.set()
 
+    def takes_readers(self) -> bool:
+        """Whether a new reader may feed this verifier: its pass is still open, or complete
+        (the verdict is coming). Not once it is closing on an incomplete pass: that reader's
+        bytes would be handed out unverified."""
+        if self.state == "abandoned":
+            return False
+        return not self._closing or self.hashed >= self.size
+
     async def close(self) -> None:
         """No more reads: wait for the consumer to settle the verdict (an incomplete pass is
         "abandoned")."""

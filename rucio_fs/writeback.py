@@ -94,7 +94,7 @@ class DirtyFile:
         self._in_flight = 0
         self._parts_done = trio.Event()
         self._part_error: BaseException | None = None
-        self._file_slots = trio.Semaphore(max(1, writeback.catalog.backend.upload_parallelism))
+        self._file_slots = trio.Semaphore(max(1, writeback.catalog.upload_parallelism))
 
     # -- what the FUSE layer sees ---------------------------------------------------------
 
@@ -213,8 +213,7 @@ class DirtyFile:
                 # Retried or not, the staged copy goes only once the server proves it holds
                 # what was sent.
                 try:
-                    entry = await self.wb.catalog.timed(
-                        "confirm", lambda: self.wb.catalog.backend.confirm(self.path, sent))
+                    entry = await self.wb.catalog.confirm(self.path, sent)
                 except RucioFsError:
                     if committed is not None:
                         await _release_unconfirmed(committed, self.path)
@@ -234,7 +233,7 @@ class DirtyFile:
             return self.base
 
     async def _upload_content(self) -> Entry:
-        backend = self.wb.catalog.backend
+        catalog = self.wb.catalog
         if self._upload is not None and self.streaming:
             try:
                 return await self._finish_parts()
@@ -242,15 +241,14 @@ class DirtyFile:
                 log.info("%s: streamed upload failed (%s); uploading the staged file whole",
                          self.path, exc)
         await self.stop_streaming("")
-        if self.size <= backend.single_put_max:
+        if self.size <= catalog.single_put_max:
             data = await trio.to_thread.run_sync(_pread_exact, self.fd, 0, self.size)
-            return await self.wb.catalog.timed(
-                "put", lambda: backend.put(self.path, data))
+            return await catalog.put(self.path, data)
         return await self._finish_parts()
 
     def _part_size(self, number: int) -> int:
         """Parts grow with the file so that any size fits in :data:`MAX_PARTS`."""
-        base = self.wb.catalog.backend.upload_part_size
+        base = self.wb.catalog.upload_part_size
         return base << min((number - 1) // (MAX_PARTS // 10), 20)
 
     async def _stream_parts(self, final: bool) -> None:
@@ -266,11 +264,10 @@ class DirtyFile:
             if remaining < part and not (final and (remaining > 0 or self._next_part == 1)):
                 return
             if self._upload is None:
-                if not final and self.size <= self.wb.catalog.backend.single_put_max:
+                if not final and self.size <= self.wb.catalog.single_put_max:
                     return
                 try:
-                    self._upload = await self.wb.catalog.timed(
-                        "begin_upload", lambda: self.wb.catalog.backend.begin_upload(self.path))
+                    self._upload = await self.wb.catalog.begin_upload(self.path)
                 except RucioFsError as exc:
                     await self.stop_streaming(f"begin failed: {exc}")
                     if final:
@@ -289,8 +286,7 @@ class DirtyFile:
     async def _send_part(self, upload: Upload, number: int, offset: int, length: int) -> None:
         try:
             data = await trio.to_thread.run_sync(_pread_exact, self.fd, offset, length)
-            await self.wb.catalog.timed(
-                "write_part", lambda: upload.write_part(number, offset, data))
+            await self.wb.catalog.write_part(upload, number, offset, data)
         except Exception as exc:  # reported by the commit that waits for this part
             if self._part_error is None:
                 self._part_error = exc
@@ -321,9 +317,7 @@ class DirtyFile:
                 raise error
             raise Unavailable(f"{self.path}: part upload failed: {error!r}") from error
         try:
-            entry = await self.wb.catalog.timed("commit_upload",
-                                                lambda: upload.commit(self.size),
-                                                extra_seconds=upload.commit_seconds())
+            entry = await self.wb.catalog.commit_upload(upload, self.size)
             self._committed = upload
             return entry
         except BaseException:

@@ -167,6 +167,39 @@ def test_a_partial_read_leaves_the_next_whole_read_verified(monkeypatch):
     assert failures == [errno.EIO]
 
 
+def test_an_open_while_the_last_reader_is_released_starts_its_own_pass(monkeypatch):
+    """``head`` closes (its RELEASE settles the verdict of an incomplete pass) while ``cp``
+    opens: ``cp`` must not join the closing pass, whose later reads go unverified. Through a
+    real mount with the disk layer this let ``cp`` exit 0."""
+    kernels: list[ModelKernel] = []
+    patch_invalidation(monkeypatch, kernels)
+    failures: list[int] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            kernel = await start_mount(nursery, ScriptedBackend(FILES), MountConfig(
+                block_size=PAGE), page=PAGE)
+            kernels.append(kernel)
+            ino = await kernel.lookup("bad.dat")
+            head = await kernel.open(ino)
+            await kernel.read_page(ino, head, 0)
+            verifier = kernel.fs.inodes[ino].verifier
+            nursery.start_soon(kernel.release, head)
+            while not verifier._closing:  # the release is settling the incomplete pass
+                await trio.sleep(0)
+            cp = await kernel.open(ino)
+            for index in range(PAGES):
+                try:
+                    await kernel.read_page(ino, cp, index)
+                except OSError as exc:
+                    failures.append(exc.errno)
+            await kernel.release(cp)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert failures == [errno.EIO]
+
+
 # -- through the kernel ---------------------------------------------------------------------
 
 def _cp(source: Path, target: Path) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,40 @@
+"""The layering, checked on the source: the FUSE layer and the modules under it reach the
+backend only through the catalog (one door: timeouts, accounting and cache bookkeeping in one
+place), the core never names a backend, and backends never touch pyfuse3."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+#: The modules that own a backend's lifecycle or are the door itself.
+DOOR = {"catalog.py", "daemon.py", "registry.py", "backend.py"}
+
+
+def _tree(path: Path) -> ast.AST:
+    return ast.parse(path.read_text(), str(path))
+
+
+def test_the_core_reaches_the_backend_only_through_the_catalog():
+    offenders = []
+    for path in sorted((REPO / "rucio_fs").glob("*.py")):
+        if path.name in DOOR:
+            continue
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.Attribute) and node.attr == "backend":
+                owner = node.value  # catalog.backend, self.catalog.backend, wb.catalog.backend
+                name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+                if name == "catalog":
+                    offenders.append(f"{path.name}:{node.lineno}")
+    assert not offenders, f"reaching around the catalog: {offenders}"
+
+
+def test_the_core_never_names_a_backend_and_backends_never_touch_pyfuse3():
+    for path in sorted((REPO / "rucio_fs").glob("*.py")):
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                assert "backends" not in node.module.split("."), f"{path.name} imports a backend"
+    for path in sorted((REPO / "backends").glob("*.py")):
+        text = path.read_text()
+        assert "pyfuse3" not in text, f"{path.name} touches pyfuse3"
