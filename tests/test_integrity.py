@@ -138,39 +138,9 @@ def test_no_whole_read_of_a_corrupt_file_ever_succeeds(program, small_buffer, di
             shutil.rmtree(disk_dir, ignore_errors=True)
 
 
-def test_a_partial_read_leaves_the_next_whole_read_verified(monkeypatch):
-    """The reported case, in-process: ``head -c 10`` then ``cp`` of the corrupt file."""
-    kernels: list[ModelKernel] = []
-    patch_invalidation(monkeypatch, kernels)
-    failures: list[int] = []
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-            kernel = await start_mount(nursery, ScriptedBackend(FILES), MountConfig(
-                block_size=PAGE), page=PAGE)
-            kernels.append(kernel)
-            ino = await kernel.lookup("bad.dat")
-            fh = await kernel.open(ino)
-            await kernel.read_page(ino, fh, 0)
-            await kernel.release(fh)
-            fh = await kernel.open(ino)
-            for index in range(PAGES):
-                try:
-                    await kernel.read_page(ino, fh, index)
-                except OSError as exc:
-                    failures.append(exc.errno)
-            await kernel.release(fh)
-            assert kernel.fs.stats.events["checksum_mismatch"] == 1
-            nursery.cancel_scope.cancel()
-
-    trio.run(main)
-    assert failures == [errno.EIO]
-
-
-def test_an_open_while_the_last_reader_is_released_starts_its_own_pass(monkeypatch):
-    """``head`` closes (its RELEASE settles the verdict of an incomplete pass) while ``cp``
-    opens: ``cp`` must not join the closing pass, whose later reads go unverified. Through a
-    real mount with the disk layer this let ``cp`` exit 0."""
+def _head_then_whole_read(monkeypatch, release_head) -> tuple[list[int], ModelKernel]:
+    """``head`` (page 0 of the corrupt file), released by ``release_head(kernel, nursery,
+    ino, fh)``, then a whole read through a new handle: the errnos it met, and the mount."""
     kernels: list[ModelKernel] = []
     patch_invalidation(monkeypatch, kernels)
     failures: list[int] = []
@@ -183,10 +153,7 @@ def test_an_open_while_the_last_reader_is_released_starts_its_own_pass(monkeypat
             ino = await kernel.lookup("bad.dat")
             head = await kernel.open(ino)
             await kernel.read_page(ino, head, 0)
-            verifier = kernel.fs.inodes[ino].verifier
-            nursery.start_soon(kernel.release, head)
-            while not verifier._closing:  # the release is settling the incomplete pass
-                await trio.sleep(0)
+            await release_head(kernel, nursery, ino, head)
             cp = await kernel.open(ino)
             for index in range(PAGES):
                 try:
@@ -197,6 +164,32 @@ def test_an_open_while_the_last_reader_is_released_starts_its_own_pass(monkeypat
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+    return failures, kernels[0]
+
+
+def test_a_partial_read_leaves_the_next_whole_read_verified(monkeypatch):
+    """The reported case, in-process: ``head -c 10`` then ``cp`` of the corrupt file."""
+
+    async def release(kernel, _nursery, _ino, fh) -> None:
+        await kernel.release(fh)
+
+    failures, kernel = _head_then_whole_read(monkeypatch, release)
+    assert failures == [errno.EIO]
+    assert kernel.fs.stats.events["checksum_mismatch"] == 1
+
+
+def test_an_open_while_the_last_reader_is_released_starts_its_own_pass(monkeypatch):
+    """``head`` closes (its RELEASE settles the verdict of an incomplete pass) while ``cp``
+    opens: ``cp`` must not join the closing pass, whose later reads go unverified. Through a
+    real mount with the disk layer this let ``cp`` exit 0."""
+
+    async def release_meanwhile(kernel, nursery, ino, fh) -> None:
+        verifier = kernel.fs.inodes[ino].verifier
+        nursery.start_soon(kernel.release, fh)
+        while not verifier._closing:  # the release is settling the incomplete pass
+            await trio.sleep(0)
+
+    failures, _ = _head_then_whole_read(monkeypatch, release_meanwhile)
     assert failures == [errno.EIO]
 
 
