@@ -51,7 +51,7 @@ from urllib.parse import quote, unquote, urlsplit
 import httpx
 import trio
 
-from rucio_fs.backend import Backend, Capability, Entry, Kind, Upload, usable_name
+from rucio_fs.backend import Backend, Capability, Entry, Kind, Upload, check_confirmed, usable_name
 from rucio_fs.errors import (
     CrossDevice,
     InvalidInput,
@@ -88,12 +88,13 @@ def _children(element: ET.Element) -> dict[str, str]:
     return {_local(child.tag): child.text or "" for child in element}
 
 
-def _md5_header(data: bytes) -> str:
-    return base64.b64encode(hashlib.md5(data).digest()).decode()
-
-
 def _md5(data: bytes) -> bytes:
     return hashlib.md5(data).digest()
+
+
+def _content_md5(digest: bytes) -> str:
+    """The ``Content-MD5`` header of a body with this MD5 digest."""
+    return base64.b64encode(digest).decode()
 
 
 async def _md5_of(body: bytes) -> bytes:
@@ -423,7 +424,7 @@ class S3Backend(Backend):
         digest = await _md5_of(data)
         response = await self._api().request(
             "PUT", self._url_path(key), what=f"PUT {key}", content=data,
-            headers={"Content-MD5": base64.b64encode(digest).decode()})
+            headers={"Content-MD5": _content_md5(digest)})
         etag = self._predicted(digest.hex(), response.headers.get("etag", ""), key)
         return Entry(name=path.rpartition("/")[2], kind=Kind.FILE, size=len(data),
                      mtime_ns=time.time_ns(), version=etag)
@@ -448,12 +449,7 @@ class S3Backend(Backend):
             stored = self._head_entry(path.rpartition("/")[2], await self._head(key))
         except NotFound:
             raise Unconfirmed(f"{key}: not on the server after the upload") from None
-        if stored.size != expected.size or (expected.version
-                                            and stored.version != expected.version):
-            raise Unconfirmed(f"{key}: the server holds {stored.size} bytes with ETag "
-                              f"{stored.version!r}; the upload sent {expected.size} bytes, "
-                              f"ETag {expected.version!r}")
-        return stored
+        return check_confirmed(key, stored, expected)
 
     async def begin_upload(self, path: str) -> _MultipartUpload:
         key = self._key(path)
@@ -472,7 +468,7 @@ class S3Backend(Backend):
     async def mkdir(self, path: str) -> Entry:
         key = self._key(path) + "/"
         await self._api().request("PUT", self._url_path(key), what=f"mkdir {key}", content=b"",
-                                  headers={"Content-MD5": _md5_header(b"")})
+                                  headers={"Content-MD5": _content_md5(_md5(b""))})
         return Entry(name=path.rpartition("/")[2], kind=Kind.DIR, mtime_ns=time.time_ns())
 
     async def unlink(self, path: str) -> None:
@@ -718,7 +714,7 @@ class _MultipartUpload(Upload):
         response = await self.backend._api().request(
             "PUT", self._target({"partNumber": str(number), "uploadId": self.upload_id}),
             what=f"part {number} of {self.key}", content=data,
-            headers={"Content-MD5": base64.b64encode(digest).decode()})
+            headers={"Content-MD5": _content_md5(digest)})
         etag = response.headers.get("etag")
         if not etag:
             raise Unavailable(f"part {number} of {self.key}: no ETag in the answer")

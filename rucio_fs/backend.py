@@ -89,13 +89,26 @@ class Entry:
 NAME_MAX = 255
 
 
+def check_confirmed(path: str, stored: Entry, expected: Entry) -> Entry:
+    """``stored`` (what the server holds at ``path``) if it is the file an upload that
+    returned ``expected`` made: same size, and same version when one was predicted; else
+    :class:`~rucio_fs.errors.Unconfirmed`. Every backend's :meth:`Backend.confirm` ends here."""
+    if stored.is_dir or stored.size != expected.size or (
+            expected.version and stored.version != expected.version):
+        raise Unconfirmed(f"{path}: the server holds {stored.size} bytes, version "
+                          f"{stored.version!r}; the upload sent {expected.size} bytes, version "
+                          f"{expected.version!r}")
+    return stored
+
+
 def usable_name(name: str) -> bool:
     """Whether ``name`` can be a POSIX file name: not empty, ``.`` or ``..``; no ``/`` or NUL;
     at most :data:`NAME_MAX` bytes in UTF-8 (a longer one could be listed but never opened,
     and ``cp -r`` of its directory would fail). Listings leave unusable names out, count them
     and log them."""
     return (bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
-            and len(name.encode("utf-8", "surrogateescape")) <= NAME_MAX)
+            and (len(name) <= NAME_MAX // 4
+                 or len(name.encode("utf-8", "surrogateescape")) <= NAME_MAX))
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,13 +238,7 @@ class Backend(ABC):
             stored = await self.stat(path)
         except NotFound:
             raise Unconfirmed(f"{path}: not on the server after the upload") from None
-        if stored.is_dir or stored.size != expected.size:
-            raise Unconfirmed(f"{path}: the server holds {stored.size} bytes, "
-                              f"{expected.size} were sent")
-        if expected.version and stored.version != expected.version:
-            raise Unconfirmed(f"{path}: the server holds version {stored.version!r}, the "
-                              f"upload made {expected.version!r}")
-        return stored
+        return check_confirmed(path, stored, expected)
 
     async def begin_upload(self, path: str) -> Upload:
         """Start replacing (or creating) file ``path`` part by part."""

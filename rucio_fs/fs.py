@@ -159,6 +159,8 @@ class RucioFs(pyfuse3.Operations):
         self.nursery: trio.Nursery | None = None
         #: Blocks all read-ahead of the mount may have in flight (its share of the data budget).
         self._prefetch_budget = trio.Semaphore(max(1, catalog.prefetch_budget_blocks))
+        #: What one verifier's reorder buffer may hold (the memory limit's share).
+        self._reorder_bytes = Shares(config.memory_limit).verification
         #: Set while `rucio-fs trace` runs: every request's op, start, end and errno.
         self.recorder: RequestRecorder | None = None
         self._dirs: dict[int, _DirHandle] = {}
@@ -370,7 +372,7 @@ class RucioFs(pyfuse3.Operations):
         verifier = node.verifier
         if verifier is None or verifier.version != version or not verifier.takes_readers():
             verifier = verifier_for(node.path, entry.size, entry.checksums, version,
-                                    Shares(self.config.memory_limit).verification)
+                                    self._reorder_bytes)
             if verifier is None:
                 return None
             node.verifier = verifier
@@ -428,10 +430,8 @@ class RucioFs(pyfuse3.Operations):
             if verifier.users == 0:  # its last reader is gone: settle and count the verdict
                 if node.verifier is verifier:  # an open meanwhile starts a pass of its own
                     node.verifier = None
-                await verifier.close()
+                await verifier.close()  # a verified pass was noted by the read completing it
                 self.stats.events[f"checksum_{verifier.state}"] += 1
-                if verifier.state == "verified":
-                    node.verified_version = verifier.version
         if handle.backend_handle is not None or handle.dirty is None:
             await self.catalog.close(handle.backend_handle)
         if handle.writer and handle.dirty is not None and self.writes is not None:

@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -52,6 +53,9 @@ MAX_PARTS = 10_000
 COPY_CHUNK = 8 << 20
 #: Seconds between retries of pending uploads: the first, and the most (doubling between).
 RETRY_FIRST, RETRY_MAX = 2.0, 120.0
+#: An unlocked staging file without a record is removed once it is this old (seconds): a
+#: daemon of an older version neither locks nor records its files while it writes them.
+UNRECORDED_GRACE = 60.0
 
 
 def _pread_exact(fd: int, offset: int, size: int) -> bytes:
@@ -147,9 +151,10 @@ class DirtyFile:
 
     # -- the record of pending content ---------------------------------------------------
 
-    def record(self) -> None:
-        """Write the record of this pending content (before the data it accounts for)."""
-        if self.recorded or self.fd < 0:
+    def record(self, again: bool = False) -> None:
+        """Write the record of this pending content (before the data it accounts for);
+        ``again``: also when it is written already (it changed)."""
+        if (self.recorded and not again) or self.fd < 0:
             return
         base = self.base
         fields = {"url": self.wb.url, "path": self.path, "size": self.size,
@@ -165,8 +170,7 @@ class DirtyFile:
     def rerecord(self) -> None:
         """The record changes (the path moved, an error to note): write it again."""
         if self.recorded:
-            self.recorded = False
-            self.record()
+            self.record(again=True)
 
     def unrecord(self) -> None:
         """Nothing pending any more: the record goes (the staging file may stay)."""
@@ -216,7 +220,8 @@ class DirtyFile:
                     entry = await self.wb.catalog.confirm(self.path, sent)
                 except RucioFsError:
                     if committed is not None:
-                        await _release_unconfirmed(committed, self.path)
+                        await _best_effort(committed.release_unconfirmed, self.path,
+                                           "releasing an unconfirmed upload")
                     raise
             except RucioFsError as exc:
                 self.error = str(exc)
@@ -340,7 +345,7 @@ class DirtyFile:
         """Close the staging file; delete it and its record unless ``keep`` (then its record
         says what it holds, for the next mount to adopt)."""
         if keep:
-            self.rerecord() if self.recorded else self.record()
+            self.record(again=True)
         else:
             self.unrecord()
         if self.fd >= 0:
@@ -351,22 +356,20 @@ class DirtyFile:
                 os.unlink(self.staging_path)
 
 
-async def _abort(upload: Upload, path: str) -> None:
+async def _best_effort(step: Callable[[], Awaitable[None]], path: str, what: str) -> None:
+    """Run a clean-up ``step`` of an upload of ``path`` for at most 30 s; it never raises
+    (it runs on error paths), a failure is logged as ``what`` failed."""
     with trio.move_on_after(30) as scope:
         try:
-            await upload.abort()
+            await step()
         except Exception as exc:
-            log.warning("%s: aborting an upload failed: %s", path, exc)
+            log.warning("%s: %s failed: %s", path, what, exc)
     if scope.cancelled_caught:
-        log.warning("%s: aborting an upload timed out", path)
+        log.warning("%s: %s timed out", path, what)
 
 
-async def _release_unconfirmed(upload: Upload, path: str) -> None:
-    with trio.move_on_after(30):
-        try:
-            await upload.release_unconfirmed()
-        except Exception as exc:
-            log.info("%s: releasing an unconfirmed upload failed: %s", path, exc)
+async def _abort(upload: Upload, path: str) -> None:
+    await _best_effort(upload.abort, path, "aborting an upload")
 
 
 class WriteBack:
@@ -435,7 +438,7 @@ class WriteBack:
             with open(path + ".json") as sidecar:
                 record = json.load(sidecar)
         except FileNotFoundError:
-            if os.path.getmtime(path) < time.time() - 60:
+            if os.path.getmtime(path) < time.time() - UNRECORDED_GRACE:
                 # Nothing pending (a crash after its upload, or before it held data).
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)

@@ -8,7 +8,6 @@ thousands of steps (Hypothesis) and must not depend on the kernel's timing.
 
 from __future__ import annotations
 
-import errno
 import zlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -153,5 +152,3 @@ def patch_invalidation(monkeypatch: Any, kernels: list[ModelKernel]) -> None:
     monkeypatch.setattr(fs_module.pyfuse3, "invalidate_inode", invalidate)
     monkeypatch.setattr(fs_module.pyfuse3, "invalidate_entry", invalidate_entry)
 
-
-EIO = errno.EIO
