@@ -1,4 +1,4 @@
-"""iRODS benchmark against the fake iRODS HTTP API (``tests/irods_fake.py``) on 127.0.0.1.
+"""iRODS benchmark against the fake iRODS HTTP API (``rucio_fs.testing.irods_fake``), 127.0.0.1.
 
     python benchmarks/bench_irods.py [--entries 10000] [--latency-ms 5] [--repeat 5]
                                      [--out FILE.json]
@@ -26,13 +26,11 @@ import time
 from pathlib import Path
 from urllib.parse import urlencode
 
-from common import Mount, irods_fake_control, start_irods_fake, timed
+from common import Mount, irods_fake_control, timed
+from rucio_fs.backends.irods.query import Dialect, coll_query, data_query
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from irods_fake import API, PASSWORD, USER  # noqa: E402
-from rucio_fs.backends.irods_query import Dialect, coll_query, data_query  # noqa: E402
+from rucio_fs.testing import irods_fake
+from rucio_fs.testing.irods_fake import API, PASSWORD, USER
 
 NFSRODS = {"cold_s": 9.3, "cached_s": 0.058}
 
@@ -78,7 +76,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    process, port = start_irods_fake()
+    process, port = irods_fake.start()
     os.environ["IRODS_PASSWORD"] = PASSWORD
     os.environ["IRODS_ENVIRONMENT_FILE"] = "/nonexistent"
     collection = f"/tempZone/home/{USER}/bench"

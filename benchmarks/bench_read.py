@@ -22,8 +22,8 @@ from pathlib import Path
 
 import trio
 from common import Mount, peak_rss_mb, read_whole
-from rucio_fs.backends.demo import DemoBackend
-from rucio_fs.backends.demo_content import BIG_SIZE
+from rucio_fs.backends.demo.backend import DemoBackend
+from rucio_fs.backends.demo.content import BIG_SIZE
 
 BIG = f"big/frame-{BIG_SIZE}.gwf"
 

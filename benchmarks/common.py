@@ -11,53 +11,29 @@ import http.client
 import json
 import os
 import random
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-RUCIO_FS = [sys.executable, "-m", "rucio_fs"]
-IRODS_FAKE = Path(__file__).resolve().parent.parent / "tests" / "irods_fake.py"
+from rucio_fs.testing.mount import Mount as SharedMount
 
 
-class Mount:
-    """A rucio-fs mount in a fresh directory under ``root``."""
+class Mount(SharedMount):
+    """A rucio-fs mount in a fresh directory under ``root`` (:mod:`rucio_fs.testing.mount`)."""
 
     def __init__(self, root: Path, url: str, *options: str, env: dict | None = None) -> None:
-        self.path = Path(tempfile.mkdtemp(dir=root))
-        subprocess.run([*RUCIO_FS, "mount", url, str(self.path), *options], check=True, env=env)
+        path = Path(tempfile.mkdtemp(dir=root))
+        super().__init__(SharedMount.start(url, path, *options, env=env).path)
 
-    def stats(self) -> dict:
-        out = subprocess.run([*RUCIO_FS, "stats", str(self.path), "--format", "json"],
-                             check=True, capture_output=True, text=True).stdout
-        return json.loads(out)
-
-    def backend_calls(self, call: str) -> int:
-        return self.stats()["backend"].get(call, {"latency": {"count": 0}})["latency"]["count"]
-
-    def drop(self, settle: float = 0.3) -> None:
+    def drop(self, *layers: str, settle: float = 0.3) -> dict:
         """Every cache layer dropped, the kernel's included; then ``settle`` seconds for the
         kernel's forgets of the dropped inodes to arrive."""
-        subprocess.run([*RUCIO_FS, "cache", "drop", str(self.path)], check=True,
-                       stdout=subprocess.DEVNULL)
+        result = super().drop(*layers)
         time.sleep(settle)
-
-    def unmount(self, check: bool = False) -> None:
-        """Unmount; a mount that will not go is detached lazily and reported (never left
-        behind silently). ``check``: and raise."""
-        result = subprocess.run([*RUCIO_FS, "unmount", str(self.path)], capture_output=True,
-                                text=True)
-        if result.returncode == 0:
-            return
-        subprocess.run(["fusermount3", "-u", "-z", str(self.path)], capture_output=True)
-        message = f"unmount of {self.path} failed: {result.stderr.strip()}"
-        print(f"warning: {message} (detached lazily)", file=sys.stderr)
-        if check:
-            raise RuntimeError(message)
+        return result
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -146,17 +122,6 @@ def rclone_http_mount(root: Path, storage_url: str, wait_for: str) -> Iterator[P
     finally:
         subprocess.run(["fusermount3", "-u", str(path)], check=False)
         proc.wait(timeout=30)
-
-
-def start_irods_fake() -> tuple[subprocess.Popen, int]:
-    """``tests/irods_fake.py`` on a free port of 127.0.0.1; stop it with ``terminate()``."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen([sys.executable, str(IRODS_FAKE),
-                                "--port", str(port)], stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-    return process, port
 
 
 def irods_fake_control(port: int, name: str, body: dict) -> None:

@@ -25,7 +25,7 @@ shape: tree, directory and file create/stat/read/remove rates beside local disk)
 Backends: ``demo``; ``rucio`` (``--server DIR`` of ``scripts/servers/rucio.sh``, else one is
 started); ``s3`` (``--server DIR`` of ``scripts/servers/s3.sh``, else one is started; the
 catalog is written straight into versitygw's posix directory); ``irods`` (the fake iRODS HTTP
-API of ``tests/irods_fake.py``, started here; it holds data in memory, so its big file is
+API of ``rucio_fs/testing/irods_fake.py``, started here; it holds data in memory, so its big file is
 256 MiB at most). ``--smoke`` runs every experiment in seconds (CI runs it on every backend so
 the suite cannot rot).
 """
@@ -53,7 +53,6 @@ from pathlib import Path
 
 import click
 from common import (
-    RUCIO_FS,
     Mount,
     drop_page_cache,
     irods_fake_control,
@@ -64,10 +63,12 @@ from common import (
     read_whole,
     s3_peer_mount,
     small_tree,
-    start_irods_fake,
     timed,
     tmpfs_twin,
 )
+
+from rucio_fs.testing import irods_fake
+from rucio_fs.testing.mount import RUCIO_FS
 
 REPO = Path(__file__).resolve().parent.parent
 SERVERS = REPO / "scripts" / "servers"
@@ -102,7 +103,7 @@ class Target:
 
 
 def demo_target() -> Target:
-    from rucio_fs.backends.demo import LS_SIZES
+    from rucio_fs.backends.demo.backend import LS_SIZES
     return Target("demo", "demo://", {n: f"ls/files-{n}" for n in LS_SIZES}, "ls/files-500",
                   f"big/frame-{BIG_SIZE}.gwf")
 
@@ -150,8 +151,7 @@ def s3_target(server: Path, sizes: list[int], big_bytes: int) -> Target:
 
 def irods_target(root: Path, port: int, sizes: list[int], big_bytes: int) -> Target:
     """The catalog seeded into the fake through its ``/_fake/seed`` control."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from irods_fake import API, PASSWORD, USER
+    from rucio_fs.testing.irods_fake import API, PASSWORD, USER
 
     collection = f"/tempZone/home/{USER}/suite"
     dirs = {}
@@ -387,7 +387,7 @@ def exp_cat(root: Path, target: Target, res: Results, files: int, big_bytes: int
 def _md5_prefix_source(target: Target, size: int) -> str:
     if target.big_local:
         return md5_prefix(Path(target.big_local), size)
-    from rucio_fs.backends.demo_content import big_file_range
+    from rucio_fs.backends.demo.content import big_file_range
     return hashlib.md5(big_file_range(0, size)).hexdigest()
 
 
@@ -674,7 +674,7 @@ def started_target(backend: str, server: Path | None, root: Path, sizes: list[in
         yield demo_target()
         return
     if backend == "irods":
-        process, port = start_irods_fake()
+        process, port = irods_fake.start()
         try:
             yield irods_target(root, port, sizes, big_bytes)
         finally:

@@ -10,7 +10,8 @@ Contract for implementers:
 * ``list(path)`` yields the entries of a directory **with their attributes**; the core never
   calls ``stat`` per listed entry. A listing that cannot be completed raises (typically
   :class:`~rucio_fs.errors.Unavailable`); it never ends early with a shorter result.
-* ``read(handle, offset, size)`` returns exactly ``size`` bytes, fewer only at end of file,
+* ``read(handle, offset, size)`` returns exactly ``size`` bytes (the core never asks past the
+  end of the file; fewer bytes is an error it reports, never a short file),
   as ``bytes`` or a read-only ``memoryview`` that nobody modifies afterwards (no copy needed).
 * Errors are the typed ones from :mod:`rucio_fs.errors`.
 * Optional operations are declared in ``capabilities``; the core never probes for them.
@@ -185,7 +186,7 @@ class Backend(ABC):
 
     @abstractmethod
     async def read(self, handle: Any, offset: int, size: int) -> bytes | memoryview:
-        """Exactly ``size`` bytes at ``offset`` (fewer only at end of file)."""
+        """Exactly ``size`` bytes at ``offset``; the range lies within the file."""
 
     async def close(self, handle: Any) -> None:  # noqa: B027 - optional hook
         """Release what ``open`` acquired."""
@@ -224,6 +225,12 @@ class Backend(ABC):
     upload_part_size: ClassVar[int] = 8 << 20
     #: Most parts of a file uploaded at once.
     upload_parallelism: ClassVar[int] = 4
+    #: Whether an :class:`Upload` leaves the file's previous content in place until it
+    #: commits (and after an abort). False for a backend that writes the parts into the file
+    #: itself, as a local ``cp`` over an existing file does: readers may meet a partial file
+    #: until the commit, and an aborted upload leaves one (the core keeps the staged copy and
+    #: uploads it again).
+    atomic_uploads: ClassVar[bool] = True
 
     async def put(self, path: str, data: bytes) -> Entry:
         """Replace (or create) file ``path`` with ``data``; returns its new entry."""

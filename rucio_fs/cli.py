@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import fields
 from typing import Any
 from urllib.parse import urlencode
 
@@ -13,11 +14,12 @@ import click
 
 from . import __version__, control, report, tracing
 from .catalog import LAYERS
-from .config import MountConfig, parse_duration, parse_size
+from .config import MountConfig
 from .daemon import MountRequest
 from .daemon import mount as do_mount
 from .daemon import unmount as do_unmount
 from .errors import InvalidInput, RucioFsError
+from .options import parse_duration, parse_size
 from .registry import available
 
 
@@ -42,7 +44,24 @@ class _Size(click.ParamType):
 
 
 DURATION, SIZE = _Duration(), _Size()
-DEFAULTS = MountConfig()
+_KINDS: dict[str, Any] = {"duration": DURATION, "size": SIZE, "count": int,
+                          "path": click.Path(file_okay=False)}
+
+
+def config_options(command: Any) -> Any:
+    """Add a ``mount`` option for every field of :class:`MountConfig`, from its metadata
+    (name, help, kind, default): the configuration is declared once."""
+    for spec in reversed(fields(MountConfig)):
+        flag, *aliases = spec.metadata["option"]
+        kind, text = spec.metadata["kind"], spec.metadata["help"]
+        if kind in ("flag", "layer"):
+            option = click.option(flag, *aliases, spec.name, is_flag=True, help=text)
+        else:
+            default = spec.default if kind != "path" else None
+            option = click.option(flag, *aliases, spec.name, type=_KINDS[kind],
+                                  default=default, show_default=kind != "path", help=text)
+        command = option(command)
+    return command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -60,47 +79,8 @@ def cli() -> None:
 @click.option("--log-file", type=click.Path(dir_okay=False),
               help="Daemon log (default: <runtime dir>/mount-<pid>.log).")
 @click.option("--cold", is_flag=True, help="Turn every cache layer off.")
-@click.option("--no-kernel-cache", is_flag=True,
-              help="Kernel entry/attr/negative timeouts 0, no page cache across opens.")
-@click.option("--no-metadata-cache", is_flag=True, help="No stat-result cache.")
-@click.option("--no-listing-cache", is_flag=True, help="No directory-listing cache.")
-@click.option("--no-data-cache", is_flag=True, help="No in-memory data block cache.")
-@click.option("--cache-dir", type=click.Path(file_okay=False),
-              help="Keep data blocks on disk here too, across remounts (the disk layer).")
-@click.option("--cache-size", type=SIZE, default=DEFAULTS.disk_max_bytes, show_default=True,
-              help="Hard size limit of the disk layer.")
-@click.option("--cache-free-floor", type=SIZE, default=DEFAULTS.disk_free_floor,
-              show_default=True, help="Free space the disk layer always leaves.")
 @click.option("--no-disk-cache", is_flag=True, help="Ignore --cache-dir (no disk layer).")
-@click.option("--no-coalescing", is_flag=True,
-              help="Every caller makes its own backend call (naive behaviour).")
-@click.option("--kernel-ttl", type=DURATION, default=DEFAULTS.kernel_ttl, show_default=True,
-              help="Kernel entry/attribute timeout for mutable entries.")
-@click.option("--immutable-ttl", type=DURATION, default=DEFAULTS.immutable_ttl,
-              show_default=True, help="Attribute/metadata TTL of immutable files.")
-@click.option("--negative-ttl", type=DURATION, default=DEFAULTS.negative_ttl, show_default=True,
-              help="How long a missing name is remembered (kernel and metadata layer).")
-@click.option("--metadata-ttl", type=DURATION, default=DEFAULTS.metadata_ttl, show_default=True)
-@click.option("--metadata-max-entries", type=int, default=DEFAULTS.metadata_max_entries,
-              show_default=True)
-@click.option("--listing-ttl", type=DURATION, default=DEFAULTS.listing_ttl, show_default=True)
-@click.option("--listing-max-entries", type=int, default=DEFAULTS.listing_max_entries,
-              show_default=True, help="Bound on the entries of all cached listings together.")
-@click.option("--memory-limit", "--data-cache-size", "memory_limit", type=SIZE,
-              default=DEFAULTS.memory_limit, show_default=True,
-              help="File data in memory, reads and writes together: cached blocks (1/2), "
-                   "read-ahead (1/8), upload parts (1/4), verification (1/8).")
-@click.option("--block-size", type=SIZE, default=DEFAULTS.block_size, show_default=True,
-              help="Data cache block size.")
-@click.option("--attr-window", type=DURATION, default=DEFAULTS.attr_window, show_default=True,
-              help="How long just-fetched attributes answer follow-up lookups (0: re-stat).")
-@click.option("--prefetch-max", type=SIZE, default=DEFAULTS.prefetch_max_bytes,
-              show_default=True,
-              help="Most data read ahead of one sequential reader (0: none; needs the data cache).")
-@click.option("--no-verify", is_flag=True,
-              help="Do not verify catalog checksums on sequential whole-file reads.")
-@click.option("--timeout", type=DURATION, default=DEFAULTS.backend_timeout, show_default=True,
-              help="Longest a backend call may take before the operation fails with EIO.")
+@config_options
 @click.option("--xattrs/--no-xattrs", default=False, show_default=True,
               help="Expose checksums and metadata as user.* xattrs. Off by default: `ls -l` "
                    "asks two xattrs per file, each a FUSE round trip.")
@@ -111,39 +91,18 @@ def cli() -> None:
               help="FUSE background requests in flight (root only; 0 keeps the default).")
 @click.option("--max-tasks", type=click.IntRange(1, 10_000), default=256, show_default=True,
               help="Most FUSE requests served concurrently.")
-@click.option("--staging-dir", type=click.Path(file_okay=False),
-              help="Where files being written wait for their upload (default: staging/ in "
-                   "--cache-dir, else in the temporary directory).")
 @click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
               help="Backend option, the same as ?KEY=VALUE in the URL (repeatable), "
                    "e.g. -o endpoint_url=http://127.0.0.1:7070 for s3://.")
 def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other: bool,
-          log_file: str | None, cold: bool, no_kernel_cache: bool, no_metadata_cache: bool,
-          no_listing_cache: bool, no_data_cache: bool, cache_dir: str | None, cache_size: int,
-          cache_free_floor: int, no_disk_cache: bool, no_coalescing: bool, kernel_ttl: float,
-          immutable_ttl: float, negative_ttl: float, metadata_ttl: float,
-          metadata_max_entries: int, listing_ttl: float, listing_max_entries: int,
-          memory_limit: int, block_size: int, attr_window: float, prefetch_max: int,
-          no_verify: bool,
-          timeout: float,
-          xattrs: bool, read_ahead_kb: int, max_background: int, max_tasks: int,
-          staging_dir: str | None, options: tuple[str, ...]) -> int:
+          log_file: str | None, cold: bool, no_disk_cache: bool, xattrs: bool,
+          read_ahead_kb: int, max_background: int, max_tasks: int, options: tuple[str, ...],
+          **config: Any) -> int:
     """Mount the catalog at URL (demo://, ...) on MOUNTPOINT.
 
     Returns once the mount is ready, leaving the daemon in the background (unless -f).
     """
-    cache = MountConfig(
-        kernel=not (cold or no_kernel_cache), metadata=not (cold or no_metadata_cache),
-        listing=not (cold or no_listing_cache), data=not (cold or no_data_cache),
-        coalescing=not no_coalescing, kernel_ttl=kernel_ttl, immutable_ttl=immutable_ttl,
-        negative_ttl=negative_ttl, metadata_ttl=metadata_ttl,
-        metadata_max_entries=metadata_max_entries, listing_ttl=listing_ttl,
-        listing_max_entries=listing_max_entries, memory_limit=memory_limit,
-        block_size=block_size, attr_window=attr_window,
-        prefetch_max_bytes=prefetch_max, verify=not no_verify, backend_timeout=timeout,
-        disk_dir="" if (cold or no_disk_cache or not cache_dir) else os.path.abspath(cache_dir),
-        disk_max_bytes=cache_size, disk_free_floor=cache_free_floor,
-        staging_dir=os.path.abspath(staging_dir) if staging_dir else "").check()
+    cache = MountConfig.from_options(config, cold=cold, no_disk_cache=no_disk_cache)
     url = with_options(url, options)
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
                                  log_file, max_tasks, xattrs, read_ahead_kb, max_background))

@@ -2,46 +2,19 @@
 
 from __future__ import annotations
 
-import re
-from dataclasses import asdict, dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from .errors import InvalidInput
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s|m|h)?\s*$")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
-
-def url_options(query: str, known: tuple[str, ...], scheme: str) -> dict[str, str]:
-    """The ``?key=value&...`` options of a mount URL; InvalidInput naming unknown ones."""
-    from urllib.parse import parse_qsl
-
-    options = dict(parse_qsl(query, keep_blank_values=True))
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise InvalidInput(f"unknown {scheme} option(s) {', '.join(unknown)} "
-                           f"(known: {', '.join(known)})")
-    return options
-
-
-def parse_duration(text: str) -> float:
-    """``"20ms"`` → 0.02 seconds; a bare number is seconds. InvalidInput otherwise."""
-    match = _DURATION.match(str(text))
-    if not match:
-        raise InvalidInput(f"invalid duration {text!r} (examples: 0, 1.5, 20ms, 5m)")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
-
-
-def parse_size(text: str) -> int:
-    """``"256M"``/``"256MiB"`` → bytes (binary units); a bare number is bytes."""
-    match = _SIZE.match(str(text))
-    if not match:
-        raise InvalidInput(f"invalid size {text!r} (examples: 4096, 64K, 256M, 2G)")
-    unit = (match.group(2) or "").lower().rstrip("b").rstrip("i")
-    if unit not in _SIZE_UNITS:
-        raise InvalidInput(f"invalid size unit in {text!r}")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+def _option(flag: str, help: str = "", kind: str = "", *aliases: str) -> dict[str, Any]:
+    """The ``mount`` option of a field (``kind``: ``flag`` (the option turns the field off),
+    ``duration``, ``size``, ``count``, ``path``; a field of a cache layer switch is turned off
+    by ``--cold`` too). ``rucio_fs.cli`` makes the options from these."""
+    return {"option": (flag, *aliases), "help": help, "kind": kind}
 
 
 @dataclass(frozen=True)
@@ -54,38 +27,92 @@ class MountConfig:
     concurrent identical backend calls. ``attr_window`` is not a cache layer: attributes a
     listing or stat just returned answer the kernel's follow-up lookup/getattr for that long, so
     one ``ls -l`` costs one listing even with every layer off (0 reproduces per-entry stats).
+    Every field is a ``mount`` option (its metadata says which).
     """
 
-    kernel: bool = True
-    metadata: bool = True
-    listing: bool = True
-    data: bool = True
-    coalescing: bool = True
-    kernel_ttl: float = 1.0
-    immutable_ttl: float = 3600.0
-    negative_ttl: float = 1.0
-    metadata_ttl: float = 60.0
-    metadata_max_entries: int = 500_000
-    listing_ttl: float = 60.0
-    listing_max_entries: int = 2_000_000
+    kernel: bool = field(default=True, metadata=_option(
+        "--no-kernel-cache", "Kernel entry/attr/negative timeouts 0, no page cache across opens.",
+        "layer"))
+    metadata: bool = field(default=True, metadata=_option(
+        "--no-metadata-cache", "No stat-result cache.", "layer"))
+    listing: bool = field(default=True, metadata=_option(
+        "--no-listing-cache", "No directory-listing cache.", "layer"))
+    data: bool = field(default=True, metadata=_option(
+        "--no-data-cache", "No in-memory data block cache.", "layer"))
+    coalescing: bool = field(default=True, metadata=_option(
+        "--no-coalescing", "Every caller makes its own backend call (naive behaviour).",
+        "flag"))
+    kernel_ttl: float = field(default=1.0, metadata=_option(
+        "--kernel-ttl", "Kernel entry/attribute timeout for mutable entries.", "duration"))
+    immutable_ttl: float = field(default=3600.0, metadata=_option(
+        "--immutable-ttl", "Attribute/metadata TTL of immutable files.", "duration"))
+    negative_ttl: float = field(default=1.0, metadata=_option(
+        "--negative-ttl", "How long a missing name is remembered (kernel and metadata layer).",
+        "duration"))
+    metadata_ttl: float = field(default=60.0, metadata=_option(
+        "--metadata-ttl", "How long a stat result is kept.", "duration"))
+    metadata_max_entries: int = field(default=500_000, metadata=_option(
+        "--metadata-max-entries", "Bound on the stat results kept.", "count"))
+    listing_ttl: float = field(default=60.0, metadata=_option(
+        "--listing-ttl", "How long a complete listing is kept.", "duration"))
+    listing_max_entries: int = field(default=2_000_000, metadata=_option(
+        "--listing-max-entries", "Bound on the entries of all cached listings together.",
+        "count"))
     #: File data in memory, reads and writes together (see budget.py for its shares).
-    memory_limit: int = 256 << 20
-    block_size: int = 1 << 20
-    attr_window: float = 1.0
+    memory_limit: int = field(default=256 << 20, metadata=_option(
+        "--memory-limit", "File data in memory, reads and writes together: cached blocks "
+        "(1/2), read-ahead (1/8), upload parts (1/4), verification (1/8).", "size",
+        "--data-cache-size"))
+    block_size: int = field(default=1 << 20, metadata=_option(
+        "--block-size", "Data cache block size.", "size"))
+    attr_window: float = field(default=1.0, metadata=_option(
+        "--attr-window", "How long just-fetched attributes answer follow-up lookups "
+        "(0: re-stat).", "duration"))
     #: Most data fetched ahead of one sequential reader (0: no read-ahead by the daemon).
-    prefetch_max_bytes: int = 32 << 20
+    prefetch_max_bytes: int = field(default=32 << 20, metadata=_option(
+        "--prefetch-max", "Most data read ahead of one sequential reader (0: none; needs the "
+        "data cache).", "size"))
     #: Verify a file's catalog checksum over its first sequential whole-file read.
-    verify: bool = True
+    verify: bool = field(default=True, metadata=_option(
+        "--no-verify", "Do not verify catalog checksums on sequential whole-file reads.",
+        "flag"))
     #: No backend call may take longer: past it the FUSE request fails with EIO, never hangs.
-    backend_timeout: float = 120.0
+    backend_timeout: float = field(default=120.0, metadata=_option(
+        "--timeout", "Longest a backend call may take before the operation fails with EIO.",
+        "duration"))
     #: The on-disk block cache (off unless a directory is given), its size limit, and the
     #: free space it always leaves on its file system.
-    disk_dir: str = ""
-    disk_max_bytes: int = 10 << 30
-    disk_free_floor: int = 1 << 30
+    disk_dir: str = field(default="", metadata=_option(
+        "--cache-dir", "Keep data blocks on disk here too, across remounts (the disk layer).",
+        "path"))
+    disk_max_bytes: int = field(default=10 << 30, metadata=_option(
+        "--cache-size", "Hard size limit of the disk layer.", "size"))
+    disk_free_floor: int = field(default=1 << 30, metadata=_option(
+        "--cache-free-floor", "Free space the disk layer always leaves.", "size"))
     #: Where files being written are staged (default: ``staging/`` in the cache directory,
     #: else ``rucio-fs-<uid>/staging`` in the temporary directory).
-    staging_dir: str = ""
+    staging_dir: str = field(default="", metadata=_option(
+        "--staging-dir", "Where files being written wait for their upload (default: staging/ "
+        "in --cache-dir, else in the temporary directory).", "path"))
+
+    @classmethod
+    def from_options(cls, values: Mapping[str, Any], cold: bool = False,
+                     no_disk_cache: bool = False) -> MountConfig:
+        """The configuration from the ``mount`` options' values by field name (flags: True
+        when given); ``cold`` turns every layer off, ``no_disk_cache`` the disk layer."""
+        settings: dict[str, Any] = {}
+        for spec in fields(cls):
+            if spec.name not in values:
+                continue
+            value, kind = values[spec.name], spec.metadata["kind"]
+            if kind in ("flag", "layer"):
+                value = not (value or (cold and kind == "layer"))
+            elif kind == "path":
+                value = os.path.abspath(value) if value else ""
+            settings[spec.name] = value
+        if cold or no_disk_cache:
+            settings["disk_dir"] = ""
+        return cls(**settings).check()
 
     @property
     def disk(self) -> bool:

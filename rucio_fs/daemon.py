@@ -257,7 +257,7 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
                 nursery.start_soon(writeback.run_retries)
             if disk is not None:
                 for _ in range(DISK_WRITERS):
-                    nursery.start_soon(catalog.run_disk_writer)
+                    nursery.start_soon(catalog.data_path.run_disk_writer)
             await pyfuse3.main(min_tasks=4, max_tasks=req.max_tasks)
             # main() returns when the kernel ended the session (fusermount -u): already gone.
             unmount = False
@@ -268,7 +268,7 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
             async with trio.open_nursery() as nursery:
                 writeback.nursery = nursery
                 await writeback.shutdown()
-        await catalog.flush_disk_writes()
+        await catalog.data_path.flush_disk_writes()
         await backend.aclose()
         log.info("unmounted %s", req.mountpoint)
 
@@ -322,10 +322,10 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
         "inodes": lambda: {"known": len(ops.inodes)},
         "sizes": lambda: {"metadata_entries": len(ops.catalog.metadata),
                           "listing_entries": ops.catalog.listing.currsize,
-                          "data_bytes": ops.catalog.data.currsize,
-                          **({"disk_bytes": ops.catalog.disk.currsize,
-                              "disk_blocks": len(ops.catalog.disk)}
-                             if ops.catalog.disk is not None else {})},
+                          "data_bytes": ops.catalog.data_path.data.currsize,
+                          **({"disk_bytes": ops.catalog.data_path.disk.currsize,
+                              "disk_blocks": len(ops.catalog.data_path.disk)}
+                             if ops.catalog.data_path.disk is not None else {})},
     }
 
     async def handle(message: dict[str, Any]) -> Any:
@@ -372,6 +372,19 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
     return handle
 
 
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` is still running. A zombie has exited: the daemon is a child
+    of init once its invoker is gone, and some inits (a container's PID 1) reap it only
+    every second or so — ``unmount`` waited for that, 1.3 s per unmount."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(") ")[2][:1] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
 def unmount(mountpoint: str, timeout: float = 30.0) -> None:
     """Unmount a rucio-fs mount and wait for its daemon to exit."""
     mountpoint = os.path.abspath(mountpoint)
@@ -387,9 +400,7 @@ def unmount(mountpoint: str, timeout: float = 30.0) -> None:
         raise Unavailable(f"cannot unmount {mountpoint}: {reason}")
     deadline = time.monotonic() + timeout
     while pid and time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if not process_running(pid):
             return
         time.sleep(0.02)
     if pid:

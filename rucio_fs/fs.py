@@ -24,8 +24,9 @@ import trio
 from .backend import NAME_MAX, Capability, Entry
 from .budget import Shares
 from .caches import Listing
-from .catalog import Catalog, child_path, content_version
+from .catalog import Catalog, child_path
 from .config import MountConfig
+from .datapath import ReadStream, content_version
 from .errors import (
     AlreadyExists,
     IntegrityError,
@@ -39,7 +40,6 @@ from .errors import (
 )
 from .inodes import ROOT_INO, Inode, InodeTable
 from .integrity import StreamVerifier, verifier_for
-from .prefetch import Prefetcher
 from .stats import Stats, errno_name
 from .tracing import RequestRecorder
 from .writeback import DirtyFile, WriteBack
@@ -109,9 +109,7 @@ class _FileHandle:
     entry: Entry
     backend_handle: Any
     verifier: StreamVerifier | None
-    prefetcher: Prefetcher | None
-    #: Where the previous read ended, to tell sequential reads from random ones.
-    last_end: int = 0
+    stream: ReadStream | None
     #: The file's pending content, when it has any; ``writer``: this handle may write.
     dirty: DirtyFile | None = None
     writer: bool = False
@@ -157,8 +155,6 @@ class RucioFs(pyfuse3.Operations):
             self.flush = self.fsync = _not_implemented  # type: ignore[method-assign,assignment]
         #: Where background work (read-ahead, checksum hashing) runs; set by the daemon.
         self.nursery: trio.Nursery | None = None
-        #: Blocks all read-ahead of the mount may have in flight (its share of the data budget).
-        self._prefetch_budget = trio.Semaphore(max(1, catalog.prefetch_budget_blocks))
         #: What one verifier's reorder buffer may hold (the memory limit's share).
         self._reorder_bytes = Shares(config.memory_limit).verification
         #: Set while `rucio-fs trace` runs: every request's op, start, end and errno.
@@ -356,13 +352,9 @@ class RucioFs(pyfuse3.Operations):
         keep = (self.config.kernel and verifier is None
                 and (seen == version or (seen is None and entry.immutable)))
         node.cached_version = version if self.config.kernel else None
-        prefetcher = None
-        if self.config.data and self.config.prefetch_max_bytes and self.nursery is not None:
-            window = max(1, self.config.prefetch_max_bytes // self.config.block_size)
-            prefetcher = Prefetcher(self.catalog, node.path, entry, backend_handle, self.nursery,
-                                    self._prefetch_budget, window)
+        stream = self.catalog.data_path.stream(node.path, entry, backend_handle, self.nursery)
         fh = self._new_fh()
-        self._files[fh] = _FileHandle(node, entry, backend_handle, verifier, prefetcher)
+        self._files[fh] = _FileHandle(node, entry, backend_handle, verifier, stream)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     def _verifier_for(self, node: Inode, entry: Entry, version: str) -> StreamVerifier | None:
@@ -385,13 +377,8 @@ class RucioFs(pyfuse3.Operations):
         handle = self._files[fh]
         if handle.dirty is not None:
             return await self._read_dirty(handle, off, size)
-        # The kernel's parallel read-ahead arrives slightly out of order: still sequential.
-        sequential = abs(off - handle.last_end) <= self.config.block_size
-        handle.last_end = off + size
-        if handle.prefetcher is not None:
-            handle.prefetcher.on_read(off, size, sequential)
-        data = await self.catalog.read(handle.inode.path, handle.entry, handle.backend_handle,
-                                       off, size, sequential)
+        assert handle.stream is not None
+        data = await handle.stream.read(off, size)
         self.stats.fuse_op("read").bytes += len(data)
         verifier = handle.verifier
         if verifier is not None:
@@ -399,7 +386,7 @@ class RucioFs(pyfuse3.Operations):
                 await verifier.feed(off, data)
             except IntegrityError:
                 # Neither our blocks nor the kernel's pages of this file may be served again.
-                self.catalog.discard_data(handle.inode.path, handle.entry)
+                self.catalog.data_path.discard(handle.inode.path, handle.entry)
                 handle.inode.cached_version = INVALID
                 self._forget_pages(handle.inode)
                 raise
@@ -421,8 +408,8 @@ class RucioFs(pyfuse3.Operations):
     @fuse_op
     async def release(self, fh: int) -> None:
         handle = self._files.pop(fh)
-        if handle.prefetcher is not None:
-            await handle.prefetcher.drain()
+        if handle.stream is not None:
+            await handle.stream.close()
         node = handle.inode
         verifier = handle.verifier
         if verifier is not None:
@@ -512,7 +499,8 @@ class RucioFs(pyfuse3.Operations):
                     await self.catalog.close(handle.backend_handle)
                 handle.backend_handle = await self.catalog.open(dirty.path, base)
                 handle.entry = base
-            data = await self.catalog.read(dirty.path, base, handle.backend_handle, off, size)
+            data = await self.catalog.data_path.read(dirty.path, base, handle.backend_handle,
+                                                     off, size)
         self.stats.fuse_op("read").bytes += len(data)
         return data
 

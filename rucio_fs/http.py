@@ -21,11 +21,13 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import math
 import os
 import random
 import ssl
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -126,6 +128,61 @@ class Authenticator(Protocol):
     async def headers(self) -> dict[str, str]: ...
 
     async def refresh(self) -> None: ...
+
+
+class TokenAuth(ABC):
+    """An :class:`Authenticator` whose credential is one renewable token (Rucio's, iRODS's).
+
+    The token is renewed ahead of its expiry (``margin`` before, at most half its lifetime)
+    and once the server refuses it. Callers that found the same token stale share one renewal
+    (a lock, then a check that nobody replaced the token meanwhile), so a burst of 401s from
+    concurrent requests costs one login. Subclasses say how a token is obtained and sent.
+    """
+
+    #: Seconds before the expiry at which the token is renewed.
+    margin: float = 300.0
+
+    def __init__(self, token: str = "") -> None:
+        self.renewals = 0
+        self._token = token
+        self._renew_at = math.inf
+        self._lock = trio.Lock()
+
+    @property
+    def token(self) -> str:
+        return self._token
+
+    @abstractmethod
+    def header(self) -> dict[str, str]:
+        """The headers that send the current token (synchronous: worker threads use it)."""
+
+    @abstractmethod
+    async def obtain(self, refused: bool) -> tuple[str, float]:
+        """A new token and its expiry (seconds since the epoch; ``math.inf``: unknown).
+        ``refused``: the server just refused :attr:`token`. Raise PermissionDenied when no
+        better token can be had."""
+
+    async def headers(self) -> dict[str, str]:
+        if not self._token or time.time() > self._renew_at:
+            await self.renew(self._token)
+        return self.header()
+
+    async def refresh(self) -> None:
+        """The server refused the token (401): get a new one, once."""
+        await self.renew(self._token, refused=True)
+
+    async def renew(self, stale: str, refused: bool = False) -> None:
+        """Replace token ``stale`` unless somebody already did (or it is still fresh and
+        was not refused)."""
+        async with self._lock:
+            if self._token != stale:
+                return
+            if not refused and self._token and time.time() <= self._renew_at:
+                return
+            self.renewals += 1
+            self._token, expires = await self.obtain(refused)
+            left = expires - time.time()
+            self._renew_at = expires - min(self.margin, max(left, 0.0) / 2)
 
 
 class ApiClient:
@@ -339,9 +396,10 @@ class RangeReader:
 
     def __init__(self, *, context: ssl.SSLContext | None = None, timeout: float = 30.0,
                  retry: RetryPolicy | None = None, threads: int = 16,
-                 headers: Callable[[], dict[str, str]] | None = None) -> None:
+                 auth: TokenAuth | None = None) -> None:
         self.retry = retry or RetryPolicy()
-        self.headers = headers or dict
+        self.auth = auth
+        self.headers: Callable[[], dict[str, str]] = auth.header if auth is not None else dict
         self.counters: Counter[str] = Counter()
         self._pool = _Pool(context or tls_context(), timeout, max_idle=threads)
         self._limiter = trio.CapacityLimiter(threads)
@@ -351,7 +409,17 @@ class RangeReader:
                    range_in_url: bool = False) -> bytes | memoryview:
         """``headers`` are sent with this read (e.g. ``If-Match``). ``range_in_url``: the URL
         itself names the range (an API such as iRODS's ``op=read&offset&count``), so no
-        ``Range`` header is sent and a 200 answer is the range's bytes."""
+        ``Range`` header is sent and a 200 answer is the range's bytes. With an ``auth``, a
+        refused token is renewed once and the read tried again."""
+        token = self.auth.token if self.auth is not None else ""
+        try:
+            return await trio.to_thread.run_sync(self.read_blocking, url, offset, size,
+                                                 headers, range_in_url, limiter=self._limiter,
+                                                 abandon_on_cancel=True)
+        except Unauthorized:
+            if self.auth is None:
+                raise
+        await self.auth.renew(token, refused=True)
         return await trio.to_thread.run_sync(self.read_blocking, url, offset, size, headers,
                                              range_in_url, limiter=self._limiter,
                                              abandon_on_cancel=True)

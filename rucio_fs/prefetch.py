@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from .backend import Entry
-from .catalog import Catalog, content_version
+from .datapath import DataPath, content_version
 from .errors import RucioFsError
 
 log = logging.getLogger(__name__)
@@ -25,9 +25,9 @@ MAX_BLOCKS_PER_REQUEST = 8
 
 
 class Prefetcher:
-    def __init__(self, catalog: Catalog, path: str, entry: Entry, handle: Any,
+    def __init__(self, data_path: DataPath, path: str, entry: Entry, handle: Any,
                  nursery: trio.Nursery, budget: trio.Semaphore, max_blocks: int) -> None:
-        self.catalog = catalog
+        self.data_path = data_path
         self.path = path
         self.entry = entry
         self.handle = handle
@@ -46,7 +46,7 @@ class Prefetcher:
         if not sequential:
             self.window, self._next = 0, 0
             return
-        block_size = self.catalog.config.block_size
+        block_size = self.data_path.config.block_size
         current = (offset + size - 1) // block_size
         last_block = (self.entry.size - 1) // block_size
         self.window = min(max(1, 2 * self.window), self.max_blocks)
@@ -58,7 +58,7 @@ class Prefetcher:
             return  # wait until a whole request's worth of blocks is due
         run: list[int] = []
         for index in range(first, end + 1):
-            state = self.catalog.block_state(self.path, self.version, index)
+            state = self.data_path.block_state(self.path, self.version, index)
             if state in ("memory", "coming"):
                 self._start(run)
                 run = []
@@ -66,7 +66,7 @@ class Prefetcher:
             try:
                 self.budget.acquire_nowait()
             except trio.WouldBlock:
-                self.catalog.stats.events["prefetch_budget_full"] += 1
+                self.data_path.stats.events["prefetch_budget_full"] += 1
                 end = index - 1
                 break
             if state == "disk":  # read ahead from the disk layer, a block at a time
@@ -92,10 +92,10 @@ class Prefetcher:
     async def _fetch(self, first: int, count: int, from_disk: bool) -> None:
         try:
             if from_disk:
-                await self.catalog.load_from_disk(self.path, self.version, self.entry,
+                await self.data_path.load_from_disk(self.path, self.version, self.entry,
                                                   self.handle, first)
             else:
-                await self.catalog.prefetch_blocks(self.path, self.version, self.entry,
+                await self.data_path.prefetch_blocks(self.path, self.version, self.entry,
                                                    self.handle, first, count)
         except RucioFsError as exc:  # the foreground read will fetch (and report) it
             log.debug("prefetch of %s blocks %d+%d failed: %s", self.path, first, count, exc)

@@ -194,8 +194,8 @@ class DirtyFile:
         handle = await catalog.open(self.path, base)
         try:
             for offset in range(0, base.size, COPY_CHUNK):
-                data = await catalog.read(self.path, base, handle, offset,
-                                          min(COPY_CHUNK, base.size - offset))
+                data = await catalog.data_path.read(self.path, base, handle, offset,
+                                                    min(COPY_CHUNK, base.size - offset))
                 os.pwrite(self.fd, data, offset)
         finally:
             await catalog.close(handle)

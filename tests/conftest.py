@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from rucio_fs import control
 from rucio_fs.mounts import FSTYPE, find_mount
+from rucio_fs.testing import irods_fake
+from rucio_fs.testing.mount import RUCIO_FS, Mount
 
-RUCIO_FS = [sys.executable, "-m", "rucio_fs"]
+#: The example plugin's own tests run where it is installed (tests/test_plugin.py).
+collect_ignore = ["plugin_example"]
 
 
 def run_cli(*args: str, check: bool = False, env: dict[str, str] | None = None,
@@ -32,28 +34,6 @@ def run_cli(*args: str, check: bool = False, env: dict[str, str] | None = None,
         raise AssertionError(f"rucio-fs {' '.join(args)} failed ({result.returncode}): "
                              f"{result.stderr.strip()}")
     return result
-
-
-@dataclass
-class Mount:
-    path: Path
-    log: Path
-
-    def stats(self, reset: bool = False) -> dict:
-        return control.request(str(self.path), "stats", reset=reset)
-
-    def backend_calls(self, call: str) -> int:
-        return self.stats()["backend"].get(call, {"latency": {"count": 0}})["latency"]["count"]
-
-    def fuse_calls(self, op: str, snap: dict | None = None) -> int:
-        snap = snap or self.stats()
-        return snap["fuse"].get(op, {"latency": {"count": 0}})["latency"]["count"]
-
-    def drop(self, *layers: str) -> dict:
-        return control.request(str(self.path), "drop", layers=list(layers) or None)
-
-    def log_text(self) -> str:
-        return self.log.read_text()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -81,11 +61,15 @@ def mount_fs(tmp_path: Path) -> Iterator:
         path = tmp_path / f"mnt{len(mounted)}"
         path.mkdir()
         log = tmp_path / f"mnt{len(mounted)}.log"
-        run_cli("mount", url, str(path), "--log-file", str(log), *options, check=True)
+        try:
+            made = Mount.start(url, path, *options, log=log)
+        except subprocess.CalledProcessError as exc:
+            raise AssertionError(f"rucio-fs mount {url} failed ({exc.returncode}): "
+                                 f"{exc.stderr.strip()}") from None
         mounted.append(path)
         info = find_mount(str(path))
         assert info is not None and info.fstype == FSTYPE
-        return Mount(path, log)
+        return made
 
     yield mount
     for path in mounted:
@@ -278,13 +262,10 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
             subprocess.run(["bash", str(S3_SCRIPT), "stop", str(base)], timeout=120)
 
 
-IRODS_FAKE = REPO / "tests" / "irods_fake.py"
-
-
 class IrodsServer:
-    """The iRODS HTTP API of the tests: the fake (``tests/irods_fake.py``) started here, or a
-    real server when ``RUCIO_FS_TEST_IRODS_URL`` is set (``http://HOST:PORT/irods-http-api/
-    VERSION``, with ``RUCIO_FS_TEST_IRODS_USER``, ``RUCIO_FS_TEST_IRODS_PASSWORD`` and
+    """The iRODS HTTP API of the tests: the fake (:mod:`rucio_fs.testing.irods_fake`) started
+    here, or a real server when ``RUCIO_FS_TEST_IRODS_URL`` is set (``http://HOST:PORT/irods-
+    http-api/VERSION``, with ``RUCIO_FS_TEST_IRODS_USER``, ``RUCIO_FS_TEST_IRODS_PASSWORD`` and
     ``RUCIO_FS_TEST_IRODS_HOME``, a collection the user may write in).
 
     Tests talk to it through the HTTP API itself (an independent view of what it holds);
@@ -416,13 +397,7 @@ class IrodsServer:
 
 
 def start_irods_fake(port: int) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, str(IRODS_FAKE), "--port", str(port)],
-                               stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    if process.stdout.readline().strip() != "ready":
-        process.kill()
-        raise RuntimeError("the fake iRODS HTTP API did not start")
-    return process
+    return irods_fake.start(port)[0]
 
 
 @pytest.fixture(scope="session")
@@ -435,7 +410,7 @@ def irods_server() -> Iterator[IrodsServer]:
                              os.environ["RUCIO_FS_TEST_IRODS_PASSWORD"],
                              os.environ["RUCIO_FS_TEST_IRODS_HOME"], fake=False)
     else:
-        from irods_fake import API, PASSWORD, USER
+        from rucio_fs.testing.irods_fake import API, PASSWORD, USER
 
         port = free_ports(1)[0]
         process = start_irods_fake(port)

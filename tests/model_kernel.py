@@ -133,7 +133,7 @@ async def start_mount(nursery: trio.Nursery, backend: Backend, config: MountConf
     fs = RucioFs(catalog, root, config, stats)
     fs.nursery = catalog.nursery = nursery
     if disk is not None:
-        nursery.start_soon(catalog.run_disk_writer)
+        nursery.start_soon(catalog.data_path.run_disk_writer)
     kernel = ModelKernel(fs, page)
     return kernel
 

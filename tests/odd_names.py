@@ -1,18 +1,8 @@
-"""The odd names every backend is tested with: each one has broken some file system client."""
+"""The odd names through a mount: each one has broken some file system client."""
 
 from __future__ import annotations
 
-ODD_NAMES = [
-    "with space.dat",
-    "unicod\u00e9-\u6587.dat",
-    "100%.dat",
-    "50%25.dat",
-    "tab\there.dat",
-    "-leading-dash.dat",
-    "back\\slash.dat",
-    "plus+and&amp;?q=1#frag.dat",
-    "L" * 246 + ".dat",  # 250 bytes
-]
+from rucio_fs.testing.conformance import ODD_NAMES  # one list for mounts and backends
 
 
 def check_round_trip(mounted, remount, stored) -> None:

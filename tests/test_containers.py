@@ -27,6 +27,7 @@ import pytest
 import yaml
 from conftest import REPO, free_ports, wait_for
 
+from rucio_fs.daemon import process_running
 from rucio_fs.mounts import find_mount
 
 CONTAINERS = REPO / "containers"
@@ -269,7 +270,7 @@ def test_server_stacks_match_the_test_scripts(kind: str):
 
 
 def test_irods_stack_agrees_with_itself_and_the_fake():
-    import irods_fake
+    from rucio_fs.testing import irods_fake
 
     stack = STACKS["irods"].parent
     compose = load_compose(STACKS["irods"])
@@ -469,7 +470,7 @@ def test_servers_entrypoint_runs_the_s3_script_and_stops_by_pid(s3_server, tmp_p
                 assert "versitygw is gone" in process.stderr.read()
             time.sleep(0.2)
             for pid in pids.values():
-                assert not _alive(pid), f"pid {pid} still runs"
+                assert not process_running(pid), f"pid {pid} still runs"
             assert not (state / "ready").exists()
         finally:
             if process.poll() is None:
@@ -478,10 +479,4 @@ def test_servers_entrypoint_runs_the_s3_script_and_stops_by_pid(s3_server, tmp_p
                            capture_output=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    status = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[0]
-    return status != "Z"
+

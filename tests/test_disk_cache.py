@@ -7,7 +7,7 @@ import contextlib
 from pathlib import Path
 
 from conftest import run_cli
-from rucio_fs.backends.demo_content import big_file_range
+from rucio_fs.backends.demo.content import big_file_range
 
 BIG = "big/frame-4509715660.gwf"
 MiB = 1 << 20

@@ -107,7 +107,7 @@ async def _run_program(program: list[tuple], disk_dir: str, kernels: list[ModelK
                     kernel.pages.clear()
             elif action == "remount":
                 await close_all()
-                await kernel.fs.catalog.flush_disk_writes()
+                await kernel.fs.catalog.data_path.flush_disk_writes()
                 nursery.cancel_scope.cancel()
                 break
         else:

@@ -1,6 +1,6 @@
-"""The iRODS backend through real mounts against the iRODS HTTP API: the fake of
-``tests/irods_fake.py``, or a real server when ``RUCIO_FS_TEST_IRODS_URL`` is set (tests that
-need the fake's controls say so and are skipped there)."""
+"""The iRODS backend through real mounts against the iRODS HTTP API: the fake
+(``rucio_fs/testing/irods_fake.py``), or a real server when ``RUCIO_FS_TEST_IRODS_URL`` is set
+(tests that need the fake's controls say so and are skipped there)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import time
 
 import pytest
 from conftest import free_ports, run_cli, start_irods_fake, wait_for
-from odd_names import check_round_trip
 
 MiB = 1 << 20
 
@@ -304,7 +303,8 @@ def test_server_down_gives_eio_then_the_mount_recovers(mount_fs, irods_server):
     started again (empty, on the same port), the mount logs in anew and works."""
     irods_server.require_fake()
     from conftest import IrodsServer
-    from irods_fake import API, PASSWORD, USER
+
+    from rucio_fs.testing.irods_fake import API, PASSWORD, USER
 
     port = free_ports(1)[0]
     process = start_irods_fake(port)
@@ -330,11 +330,3 @@ def test_server_down_gives_eio_then_the_mount_recovers(mount_fs, irods_server):
     finally:
         process.terminate()
         process.wait(timeout=10)
-
-
-def test_the_odd_names_round_trip(mount_fs, irods_server):
-    collection = irods_server.collection("oddnames")
-    check_round_trip(
-        mount_irods(mount_fs, irods_server, collection).path,
-        lambda: mount_irods(mount_fs, irods_server, collection).path,
-        lambda name: irods_server.read(f"{collection}/{name}"))

@@ -16,10 +16,10 @@ import string
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from irods_fake import parse_query
-from rucio_fs.backends.irods_query import Folder, literal
+from rucio_fs.backends.irods.query import Folder, literal
 
 from rucio_fs.backend import Kind
+from rucio_fs.testing.irods_fake import parse_query
 
 RECORDED = {
     "collection stat": {"inheritance_enabled", "irods_response", "modified_at", "permissions",
@@ -141,6 +141,6 @@ def test_folding_does_not_depend_on_page_boundaries(spec, cuts):
     ("sha2:not base64!", {}),
 ])
 def test_checksums_are_verifiable_when_recognised(raw, expected):
-    from rucio_fs.backends.irods_query import checksums_of
+    from rucio_fs.backends.irods.query import checksums_of
 
     assert checksums_of(raw) == {"irods": raw, **expected}

@@ -27,14 +27,30 @@ def test_the_core_reaches_the_backend_only_through_the_catalog():
                 name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
                 if name == "catalog":
                     offenders.append(f"{path.name}:{node.lineno}")
+            if isinstance(node, ast.ImportFrom) and any(
+                    alias.name in ("open_backend", "load") for alias in node.names):
+                offenders.append(f"{path.name}:{node.lineno} opens a backend of its own")
     assert not offenders, f"reaching around the catalog: {offenders}"
 
 
 def test_the_core_never_names_a_backend_and_backends_never_touch_pyfuse3():
-    for path in sorted((REPO / "rucio_fs").glob("*.py")):
+    for path in sorted((REPO / "rucio_fs").rglob("*.py")):
         for node in ast.walk(_tree(path)):
             if isinstance(node, ast.ImportFrom) and node.module:
                 assert "backends" not in node.module.split("."), f"{path.name} imports a backend"
-    for path in sorted((REPO / "backends").glob("*.py")):
+    for path in sorted((REPO / "backends").rglob("*.py")):
         text = path.read_text()
         assert "pyfuse3" not in text, f"{path.name} touches pyfuse3"
+
+
+#: The core modules a backend (built-in or plugin) may import: the plugin API (docs/plugins.md).
+PLUGIN_API = {"rucio_fs.backend", "rucio_fs.errors", "rucio_fs.http", "rucio_fs.options",
+              "rucio_fs.tasks"}
+
+
+def test_backends_use_only_the_plugin_api():
+    for path in sorted((REPO / "backends").rglob("*.py")):
+        for node in ast.walk(_tree(path)):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if module and module.startswith("rucio_fs.") and ".backends" not in module:
+                assert module in PLUGIN_API, f"{path}: imports {module}"

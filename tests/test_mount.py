@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from rucio_fs.backends.demo_content import BIG_MD5, BIG_SIZE, big_file_range, small_file
+from rucio_fs.backends.demo.content import BIG_MD5, BIG_SIZE, big_file_range, small_file
 
 
 def test_ls_stat_cat(mount_fs):

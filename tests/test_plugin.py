@@ -50,3 +50,14 @@ def test_plugin_url_errors_are_one_line(plugin_env, tmp_path):
     result = run_cli("mount", "notes://?n=many", str(tmp_path), env=plugin_env)
     assert result.returncode == 1
     assert result.stderr == "rucio-fs: notes: n must be a number, not 'many'\n"
+
+
+def test_the_plugin_passes_the_conformance_suite(plugin_env):
+    """What a plugin author runs: the suite, imported by the plugin's own test module."""
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             "--rootdir", str(PLUGIN), "--confcutdir", str(PLUGIN),
+                             str(PLUGIN / "test_notes.py")],
+                            capture_output=True, text=True, env=plugin_env, timeout=300)
+    summary = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in summary and "skipped" not in summary and "failed" not in summary

@@ -14,9 +14,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from rucio_fs.backend import Entry, Kind
 from rucio_fs.caches import CacheLayer, Listing, byte_cache, ttl_cache
-from rucio_fs.config import parse_duration, parse_size
 from rucio_fs.errors import InvalidInput, Unavailable
 from rucio_fs.inodes import ROOT_INO, InodeTable
+from rucio_fs.options import parse_duration, parse_size
 from rucio_fs.singleflight import SingleFlight
 from rucio_fs.stats import N_BINS, Log2Histogram, Stats, quantile
 
@@ -235,7 +235,7 @@ def _s3_page(prefix: str, items: list[tuple[str, bool]]) -> bytes:
 def test_s3_listing_pages_fold_to_the_whole_listing_rule(names, cuts):
     """However a sorted listing is cut into pages, the entries given out are the same: every
     directory, and every file not shadowed by a directory of the same name."""
-    from rucio_fs.backends.s3 import _PageFolder
+    from rucio_fs.backends.s3.pages import PageFolder
 
     from rucio_fs.backend import Entry, Kind
 
@@ -247,7 +247,7 @@ def test_s3_listing_pages_fold_to_the_whole_listing_rule(names, cuts):
     for chosen in [*([c] for c in range(len(items) + 1)), cuts]:
         bounds = sorted({min(c, len(items)) for c in chosen} | {0, len(items)})
         pages = [items[a:b] for a, b in itertools.pairwise(bounds)] or [[]]
-        folder = _PageFolder("p/", lambda name, item: Entry(name=name, kind=Kind.FILE),
+        folder = PageFolder("p/", lambda name, item: Entry(name=name, kind=Kind.FILE),
                              Entry(name="", kind=Kind.DIR))
         out: list[Entry] = []
         for i, page in enumerate(pages):

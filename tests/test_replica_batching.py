@@ -5,8 +5,8 @@ against the real server in test_rucio.py.)"""
 from __future__ import annotations
 
 import trio
-from rucio_fs.backends.rucio import MAX_DIDS_PER_REQUEST, Did, ReplicaResolver
-from rucio_fs.backends.rucio_settings import RucioSettings
+from rucio_fs.backends.rucio.backend import MAX_DIDS_PER_REQUEST, Did, ReplicaResolver
+from rucio_fs.backends.rucio.settings import RucioSettings
 
 SETTINGS = RucioSettings(rucio_host="http://x", auth_host="http://x", account="a",
                          auth_type="token", schemes=("http",))

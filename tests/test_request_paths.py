@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import trio
 from odd_names import ODD_NAMES
-from rucio_fs.backends.rucio import _readable_url
-from rucio_fs.backends.rucio_settings import RucioSettings
+from rucio_fs.backends.rucio.backend import _readable_url
+from rucio_fs.backends.rucio.settings import RucioSettings
 
 from rucio_fs.errors import BadRequestTarget
 from rucio_fs.http import RangeReader, tls_context

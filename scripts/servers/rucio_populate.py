@@ -96,19 +96,19 @@ def write_big(base: str, writer: str, scope: str, name: str) -> dict:
     path = pfn_path(base, scope, name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     code = ("import sys\n"
-            "from rucio_fs.backends.demo_content import BIG_SIZE, big_file_range as r\n"
+            "from rucio_fs.backends.demo.content import BIG_SIZE, big_file_range as r\n"
             "step = 64 << 20\n"
             "with open(sys.argv[1], 'wb') as f:\n"
             "    for off in range(0, BIG_SIZE, step):\n"
             "        f.write(r(off, step))\n"
-            "from rucio_fs.backends.demo_content import BIG_ADLER32, BIG_MD5\n"
+            "from rucio_fs.backends.demo.content import BIG_ADLER32, BIG_MD5\n"
             "print(BIG_ADLER32, BIG_MD5)\n")
     if not (os.path.exists(path) and os.path.getsize(path) == BIG_SIZE):
         out = subprocess.run([writer, "-c", code, path], check=True, capture_output=True,
                              text=True).stdout
     else:
         out = subprocess.run([writer, "-c", code.split("step")[0] + "from rucio_fs.backends."
-                              "demo_content import BIG_ADLER32, BIG_MD5\n"
+                              "demo.content import BIG_ADLER32, BIG_MD5\n"
                               "print(BIG_ADLER32, BIG_MD5)\n"],
                              check=True, capture_output=True, text=True).stdout
     adler, md5 = out.split()

@@ -1,13 +1,15 @@
 """``notes://?n=3``: a catalog of n small text notes, kept in memory. The smallest complete
-rucio-fs backend: a plugin author's starting point."""
+rucio-fs backend: a plugin author's starting point. ``test_notes.py`` beside it runs rucio-fs's
+backend conformance suite against it (``pytest test_notes.py`` once it is installed)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
 from rucio_fs.backend import Backend, Entry, Kind
 from rucio_fs.errors import InvalidInput, NotADirectory, NotFound
+from rucio_fs.options import url_options
 
 
 class NotesBackend(Backend):
@@ -19,10 +21,10 @@ class NotesBackend(Backend):
 
     @classmethod
     def from_url(cls, url: str) -> NotesBackend:
-        values = parse_qs(urlsplit(url).query).get("n", ["3"])
-        if not values[0].isdigit():
-            raise InvalidInput(f"notes: n must be a number, not {values[0]!r}")
-        return cls(int(values[0]))
+        count = url_options(urlsplit(url).query, ("n",), cls.scheme).get("n", "3")
+        if not count.isdigit():
+            raise InvalidInput(f"notes: n must be a number, not {count!r}")
+        return cls(int(count))
 
     def _entry(self, name: str) -> Entry:
         if name not in self.notes:
@@ -34,7 +36,7 @@ class NotesBackend(Backend):
 
     async def list(self, path: str) -> AsyncIterator[Entry]:
         if path != "/":
-            raise NotADirectory(path)
+            raise NotADirectory(path) if path[1:] in self.notes else NotFound(path)
         for name in self.notes:
             yield self._entry(name)
 

@@ -24,7 +24,7 @@ so their attributes and data are cached for the long TTL; collections follow the
 Reads are HTTP ranged GETs on the PFN chosen by the ``rses`` and ``schemes`` preferences
 (``davs``/``dav`` are read as ``https``/``http``; ``local=`` maps PFNs to a local mount of the
 RSE), falling over to the next replica when one fails or holds fewer bytes than the catalog
-says. Settings: :mod:`.rucio_settings`; tokens: :mod:`.rucio_auth`.
+says. Settings: :mod:`.settings`; tokens: :mod:`.auth`.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ from rucio_fs.errors import (
 from rucio_fs.http import ApiClient, RangeReader, quote_path, tls_context, url_from_literal
 from rucio_fs.tasks import open_nursery
 
-from .rucio_auth import RucioAuth, describe
-from .rucio_settings import RucioSettings, load_settings
+from .auth import RucioAuth, describe
+from .settings import RucioSettings, load_settings
 
 #: DIDs per ``POST /replicas/list`` (the server refuses more).
 MAX_DIDS_PER_REQUEST = 1000
@@ -462,5 +462,5 @@ class RucioBackend(Backend):
             **{f"storage_{k}": v for k, v in self.reader.counters.items()},
             "replica_requests": self.resolver.requests,
             "replica_dids": self.resolver.dids,
-            "token_fetches": self.auth.refreshes,
+            "token_fetches": self.auth.renewals,
         }

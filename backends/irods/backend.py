@@ -4,10 +4,10 @@ Start. ``/info`` (found under the known API versions unless ``api_path`` is give
 server's limits, which the mount then honours: upload parts stay within the request body
 limit, a parallel upload asks for at most the streams per handle, and GenQuery1 pages are the
 server's row cap. A password is exchanged for a bearer token, and so is an expired token on
-the first 401 (see :mod:`.irods_auth`). The root collection is checked, and whether the server
+the first 401 (see :mod:`.auth`). The root collection is checked, and whether the server
 speaks GenQuery2 (with access-list columns) is found out by asking.
 
-Listing and stat: two GenQuery queries at once (see :mod:`.irods_query`); entries carry size,
+Listing and stat: two GenQuery queries at once (see :mod:`.query`); entries carry size,
 time, checksum and the mounting user's permissions as mode bits.
 
 Reading: ``data-objects op=read`` with ``offset``/``count`` through the core's read path,
@@ -57,15 +57,14 @@ from rucio_fs.errors import (
     NotSupported,
     PermissionDenied,
     RucioFsError,
-    Unauthorized,
     Unavailable,
 )
 from rucio_fs.http import ApiClient, RangeReader, RetryPolicy, client_counters, tls_context
 from rucio_fs.tasks import open_nursery
 
-from .irods_auth import IrodsAuth
-from .irods_query import Dialect, Folder, Pager, coll_query, data_query, literal, version_of
-from .irods_settings import KNOWN_VERSIONS, IrodsSettings, parse_url
+from .auth import IrodsAuth
+from .query import Dialect, Folder, Pager, coll_query, data_query, literal, version_of
+from .settings import KNOWN_VERSIONS, IrodsSettings, parse_url
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +136,9 @@ def _split(value: str) -> list[str]:
 class IrodsBackend(Backend):
     scheme: ClassVar[str] = "irods"
     description: ClassVar[str] = "iRODS collections through the iRODS HTTP API, read-write"
+    #: Parallel writes go into the data object itself (iRODS has no multipart staging, and a
+    #: rename over it would drop its AVUs): see ``Backend.atomic_uploads``.
+    atomic_uploads = False
     capabilities: ClassVar[Capability] = (Capability.WRITE | Capability.MKDIR
                                           | Capability.UNLINK | Capability.RENAME
                                           | Capability.SETXATTR | Capability.TRUNCATE)
@@ -171,7 +173,7 @@ class IrodsBackend(Backend):
                              auth=self.auth,
                              retry=RetryPolicy(attempts=8, backoff=0.1, max_backoff=3.0))
         self.reader = RangeReader(context=context, timeout=settings.timeout,
-                                  headers=self.auth.header)
+                                  auth=self.auth)
         self._apply_limits(self.info)
         await self.auth.headers()  # log in now: a wrong password fails the mount
         await self._choose_dialect()
@@ -417,15 +419,7 @@ class IrodsBackend(Backend):
         assert self.reader is not None and self.auth is not None
         url = self._base + "/data-objects?" + urlencode(
             {"op": "read", "lpath": lpath, "offset": offset, "count": size})
-        for attempt in range(2):
-            token = self.auth.token
-            try:
-                return await self.reader.read(url, offset, size, range_in_url=True)
-            except Unauthorized:
-                if attempt:
-                    raise
-                await self.auth.refresh_if(token)
-        raise AssertionError("unreachable")
+        return await self.reader.read(url, offset, size, range_in_url=True)
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -594,7 +588,7 @@ class IrodsBackend(Backend):
     def counters(self) -> Mapping[str, int]:
         counters = client_counters(self.api, self.reader) + self.counters_extra
         if self.auth is not None:
-            counters["logins"] = self.auth.logins
+            counters["logins"] = self.auth.renewals
         return counters
 
 

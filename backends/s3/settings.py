@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from rucio_fs.config import parse_duration, parse_size, url_options
 from rucio_fs.errors import InvalidInput
+from rucio_fs.options import parse_duration, parse_size, url_options
 
 OPTIONS = ("endpoint_url", "region", "profile", "addressing", "timeout", "part_size",
            "anonymous")

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from rucio_fs.config import parse_duration, parse_size, url_options
 from rucio_fs.errors import InvalidInput
+from rucio_fs.options import parse_duration, parse_size, url_options
 
 OPTIONS = ("api_path", "tls", "ca", "password_file", "token_file", "timeout", "part_size",
            "page_rows", "genquery", "no_trash")

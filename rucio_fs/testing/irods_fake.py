@@ -22,7 +22,8 @@ implements the documented behaviour (``../shared/notes/irods-and-rucio-clients.m
 Test controls live under ``/_fake/`` (no auth): ``seed``, ``stats``, ``config`` (latency,
 token lifetime, expire all tokens, GenQuery2 on/off), ``object`` (the stored bytes).
 
-Run: ``python tests/irods_fake.py --port N [--zone Z]``; it prints ``ready`` when listening.
+Run: ``python -m rucio_fs.testing.irods_fake --port N [--zone Z]``; it prints ``ready`` when
+listening. :func:`start` does that on a free port.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ import base64
 import hashlib
 import json
 import re
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -888,10 +892,24 @@ class FakeServer(ThreadingHTTPServer):
         self.state = State(zone)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        import sys
-
         if not isinstance(sys.exc_info()[1], ConnectionError):  # a client went away: normal
             super().handle_error(request, client_address)
+
+
+def start(port: int = 0) -> tuple[subprocess.Popen[str], int]:
+    """The fake in a process of its own on ``port`` of 127.0.0.1 (0: a free one), once it
+    listens; stop it with ``terminate()``."""
+    if not port:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", __spec__.name, "--port", str(port)],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    if process.stdout.readline().strip() != "ready":
+        process.kill()
+        raise RuntimeError("the fake iRODS HTTP API did not start")
+    return process, port
 
 
 def main() -> None:

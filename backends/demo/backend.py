@@ -25,10 +25,10 @@ from urllib.parse import parse_qsl, urlsplit
 import trio
 
 from rucio_fs.backend import Backend, Entry, FsUsage, Kind
-from rucio_fs.config import parse_duration
 from rucio_fs.errors import InvalidInput, NotADirectory, NotFound, PermissionDenied, Unavailable
+from rucio_fs.options import parse_duration
 
-from .demo_content import (
+from .content import (
     BIG_ADLER32,
     BIG_MD5,
     BIG_SIZE,

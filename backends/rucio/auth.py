@@ -14,12 +14,11 @@ import time
 from email.utils import parsedate_to_datetime
 
 import httpx
-import trio
 
 from rucio_fs.errors import PermissionDenied, Unavailable
-from rucio_fs.http import tls_context
+from rucio_fs.http import TokenAuth, tls_context
 
-from .rucio_settings import RucioSettings
+from .settings import RucioSettings
 
 log = logging.getLogger(__name__)
 
@@ -41,42 +40,27 @@ def describe(response: httpx.Response) -> str:
     return f"{cls}: {msg}".strip(": ")
 
 
-class RucioAuth:
-    """The :class:`~rucio_fs.http.Authenticator` of a Rucio mount."""
+class RucioAuth(TokenAuth):
+    """The token of a Rucio mount: fetched (userpass, x509, x509 proxy) or given
+    (``RUCIO_AUTH_TOKEN``, or the token file, read again after a 401)."""
+
+    margin = REFRESH_MARGIN
 
     def __init__(self, settings: RucioSettings) -> None:
+        super().__init__()
         self.settings = settings
-        self.refreshes = 0
-        self._token = ""
-        self._renew_at = 0.0
-        self._lock = trio.Lock()
         self._token_file_mtime = 0.0
 
-    async def headers(self) -> dict[str, str]:
-        if not self._token or time.time() > self._renew_at:
-            await self._renew(stale=self._token)
-        headers = {"X-Rucio-Auth-Token": self._token}
+    def header(self) -> dict[str, str]:
+        headers = {"X-Rucio-Auth-Token": self.token}
         if self.settings.vo:
             headers["X-Rucio-VO"] = self.settings.vo
         return headers
 
-    async def refresh(self) -> None:
-        """The server refused the token (401): get a new one, once."""
-        await self._renew(stale=self._token, force=True)
-
-    async def _renew(self, stale: str, force: bool = False) -> None:
-        async with self._lock:
-            if self._token != stale:  # somebody renewed it while we waited
-                return
-            if not force and self._token and time.time() <= self._renew_at:
-                return
-            self.refreshes += 1
-            if self.settings.auth_type == "token":
-                self._token, expires = self._given_token(force)
-            else:
-                self._token, expires = await self._fetch_token()
-            now = time.time()
-            self._renew_at = expires - min(REFRESH_MARGIN, (expires - now) / 2)
+    async def obtain(self, refused: bool) -> tuple[str, float]:
+        if self.settings.auth_type == "token":
+            return self._given_token(refused)
+        return await self._fetch_token()
 
     def _given_token(self, after_401: bool) -> tuple[str, float]:
         s = self.settings

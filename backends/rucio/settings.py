@@ -26,8 +26,8 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from rucio_fs.config import parse_duration
 from rucio_fs.errors import InvalidInput
+from rucio_fs.options import parse_duration
 
 AUTH_TYPES = ("userpass", "x509", "x509_proxy", "token")
 READABLE_SCHEMES = ("https", "davs", "http", "dav", "file")

@@ -1,0 +1,541 @@
+"""The backend conformance suite: one set of tests that every backend passes, in-process.
+
+It checks the contract of :mod:`rucio_fs.backend` against a live backend, without a mount
+or a kernel, in the style of fsspec's reusable abstract tests. To run it against a backend,
+subclass the classes that apply in a pytest module and give the fixtures they ask for::
+
+    from rucio_fs.testing.conformance import BackendConformance, Sample
+
+    class TestMyCatalog(BackendConformance):
+        @pytest.fixture
+        def url(self):
+            return "mycat://127.0.0.1:8080/"
+
+        @pytest.fixture
+        def sample(self):  # files that exist there (a read-only catalog must say which)
+            return Sample("/data", {"a.dat": SampleFile(4096, "<md5 hex>")}, subdirs=("sub",))
+
+* :class:`BackendConformance`: URLs, listing with attributes, stat, errors, ranged reads;
+  a backend that declares ``WRITE`` must also be tested with :class:`WritableConformance`
+  (a test says so), whose default ``sample`` is written by the suite itself.
+* :class:`WritableConformance`: puts, uploads in parts, odd names, and each namespace change;
+  an operation whose capability is not declared must refuse with ``NotSupported`` (the core
+  never calls it, and a backend that does more than it declares is probably mistaken).
+* :class:`BigFileConformance`: sizes past 4 GiB (give ``big_file``).
+* :class:`CutListingConformance`: a listing cut short is an error, never a shorter listing.
+* :class:`DeadServerConformance`: a dead server is ``Unavailable`` in bounded time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+import trio
+
+from ..backend import Backend, Capability, Entry, Kind, usable_name
+from ..errors import (
+    InvalidInput,
+    NotADirectory,
+    NotEmpty,
+    NotFound,
+    NotPermitted,
+    NotSupported,
+    RucioFsError,
+    Unavailable,
+)
+from ..registry import open_backend
+
+T = TypeVar("T")
+
+#: Names that have broken some file system client; a writable backend round-trips them all.
+ODD_NAMES = (
+    "with space.dat",
+    "unicod\u00e9-\u6587.dat",
+    "100%.dat",
+    "50%25.dat",
+    "tab\there.dat",
+    "-leading-dash.dat",
+    "back\\slash.dat",
+    "plus+and&amp;?q=1#frag.dat",
+    "L" * 246 + ".dat",  # 250 bytes
+)
+
+#: How long one backend call of the suite may take before it counts as a hang.
+CALL_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class SampleFile:
+    size: int
+    md5: str
+
+    @classmethod
+    def of(cls, data: bytes) -> SampleFile:
+        return cls(len(data), hashlib.md5(data).hexdigest())
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Known content of one directory of the catalog."""
+
+    directory: str
+    files: dict[str, SampleFile]
+    subdirs: tuple[str, ...] = ()
+    #: Whether ``files`` and ``subdirs`` are all of the directory's entries.
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class BigFile:
+    """A file past 4 GiB and a way to know some of its bytes."""
+
+    path: str
+    size: int
+    expected: Callable[[int, int], bytes] = field(repr=False)
+
+
+def run_with(url: str, work: Callable[[Backend], Awaitable[T]]) -> T:
+    """Start the backend of ``url`` in a trio loop of its own, run ``work(backend)``, close."""
+
+    async def main() -> T:
+        backend = open_backend(url)
+        with trio.fail_after(CALL_SECONDS):
+            await backend.start()
+        try:
+            with trio.fail_after(CALL_SECONDS * 5):
+                return await work(backend)
+        finally:
+            with trio.move_on_after(CALL_SECONDS):
+                await backend.aclose()
+
+    return trio.run(main)
+
+
+async def listed(backend: Backend, path: str) -> dict[str, Entry]:
+    """The listing of ``path`` by name; a name listed twice fails the test."""
+    entries: dict[str, Entry] = {}
+    async for entry in backend.list(path):
+        assert entry.name not in entries, f"{path}: {entry.name!r} listed twice"
+        entries[entry.name] = entry
+    return entries
+
+
+async def read_all(backend: Backend, path: str, entry: Entry) -> bytes:
+    handle = await backend.open(path, entry)
+    try:
+        return bytes(await backend.read(handle, 0, entry.size)) if entry.size else b""
+    finally:
+        await backend.close(handle)
+
+
+async def _read_at_once(backend: Backend, handle: Any, offsets: range,
+                        length: int) -> dict[int, bytes]:
+    """Reads of one handle at several offsets at once, as the core sends them."""
+    results: dict[int, bytes] = {}
+
+    async def one(offset: int) -> None:
+        results[offset] = bytes(await backend.read(handle, offset, length))
+
+    async with trio.open_nursery() as nursery:
+        for offset in offsets:
+            nursery.start_soon(one, offset)
+    return results
+
+
+def child(directory: str, name: str) -> str:
+    return ("" if directory == "/" else directory) + "/" + name
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc)
+    assert text and "\n" not in text and "Traceback" not in text, repr(text)
+    return text
+
+
+class BackendConformance:
+    """The contract every backend keeps. Fixtures to give: ``url``, and ``sample`` unless the
+    class is also a :class:`WritableConformance`; optionally ``bad_urls``."""
+
+    @pytest.fixture
+    def url(self) -> str:
+        raise NotImplementedError("give the `url` fixture: the mount URL of the backend")
+
+    @pytest.fixture
+    def bad_urls(self) -> list[str]:
+        """Backend-specific URLs that must be refused (bad host, bad option value, ...)."""
+        return []
+
+    def test_a_writable_backend_is_tested_as_one(self, url: str) -> None:
+        backend = open_backend(url)
+        if backend.capabilities & Capability.WRITE:
+            assert isinstance(self, WritableConformance), (
+                f"{backend.scheme} declares WRITE: test it with WritableConformance too")
+        else:
+            assert not backend.capabilities, "namespace changes without WRITE"
+
+    def test_bad_urls_are_refused_in_one_line(self, url: str, bad_urls: list[str]) -> None:
+        unknown_option = url + ("&" if "?" in url else "?") + "no_such_option=1"
+        for bad in [unknown_option, *bad_urls]:
+            with pytest.raises(InvalidInput) as caught:
+                open_backend(bad)
+            _one_line(caught.value)
+            if bad == unknown_option:
+                assert "no_such_option" in str(caught.value)
+
+    def test_the_root_is_a_directory(self, url: str) -> None:
+        root = run_with(url, lambda backend: backend.stat("/"))
+        assert root.kind is Kind.DIR
+
+    def test_a_listing_carries_every_entry_with_its_attributes(self, url: str,
+                                                               sample: Sample) -> None:
+        entries = run_with(url, lambda backend: listed(backend, sample.directory))
+        for name, expected in sample.files.items():
+            assert name in entries, f"{name!r} missing from the listing of {sample.directory}"
+            entry = entries[name]
+            assert entry.kind is Kind.FILE and entry.size == expected.size, entry
+            assert entry.mtime_ns >= 0
+        for name in sample.subdirs:
+            assert entries[name].kind is Kind.DIR, entries.get(name)
+        assert all(usable_name(name) for name in entries)
+        if sample.complete:
+            assert set(entries) == set(sample.files) | set(sample.subdirs)
+
+    def test_stat_agrees_with_the_listing(self, url: str, sample: Sample) -> None:
+        async def compare(backend: Backend) -> None:
+            entries = await listed(backend, sample.directory)
+            for name in [*list(sample.files)[:20], *sample.subdirs]:
+                entry = await backend.stat(child(sample.directory, name))
+                listed_entry = entries[name]
+                assert (entry.name, entry.kind) == (name, listed_entry.kind)
+                if entry.kind is Kind.FILE:
+                    assert entry.size == listed_entry.size
+                    assert entry.version == listed_entry.version
+
+        run_with(url, compare)
+
+    def test_missing_paths_are_not_found(self, url: str, sample: Sample) -> None:
+        missing = child(sample.directory, f"no-such-{uuid.uuid4().hex[:8]}")
+        a_file = child(sample.directory, next(iter(sample.files)))
+
+        async def check(backend: Backend) -> None:
+            with pytest.raises(NotFound):
+                await backend.stat(missing)
+            # Where directories are only prefixes of keys (S3), a missing one lists empty.
+            with contextlib.suppress(NotFound):
+                assert await listed(backend, missing) == {}
+            with contextlib.suppress(NotADirectory, NotFound):
+                assert await listed(backend, a_file) == {}
+            with pytest.raises((NotADirectory, NotFound)):
+                await backend.stat(a_file + "/below")
+
+        run_with(url, check)
+
+    def test_reads_at_any_offset_give_the_files_bytes(self, url: str, sample: Sample) -> None:
+        names = sorted(sample.files, key=lambda n: -sample.files[n].size)[:4]
+
+        async def check(backend: Backend) -> None:
+            for name in names:
+                path = child(sample.directory, name)
+                entry = await backend.stat(path)
+                whole = await read_all(backend, path, entry)
+                assert hashlib.md5(whole).hexdigest() == sample.files[name].md5, name
+                size = len(whole)
+                handle = await backend.open(path, entry)
+                try:
+                    spans = [(0, 1), (size // 2, 4096), (size - 1, 1), (1, size - 1),
+                             (size // 3, size - size // 3)]
+                    for offset, length in spans:
+                        length = min(length, size - offset)
+                        if 0 <= offset < size and length > 0:
+                            data = await backend.read(handle, offset, length)
+                            assert bytes(data) == whole[offset:offset + length], (name, offset)
+                    results = await _read_at_once(backend, handle,
+                                                  range(0, size - 1000, max(1, size // 8)), 1000)
+                    for offset, data in results.items():
+                        assert data == whole[offset:offset + 1000], (name, offset)
+                finally:
+                    await backend.close(handle)
+
+        run_with(url, check)
+
+
+class WritableConformance(BackendConformance):
+    """Writes and namespace changes, each where its capability is declared. The suite works
+    in a fresh directory it makes below the URL's root. Optional fixture: ``xattr_name``,
+    a settable extended attribute name (without ``user.``)."""
+
+    @pytest.fixture
+    def xattr_name(self) -> str | None:
+        return None
+
+    @pytest.fixture
+    def scratch(self, url: str) -> str:
+        """A fresh empty directory for one test."""
+        path = f"/conformance-{uuid.uuid4().hex[:10]}"
+        run_with(url, lambda backend: backend.mkdir(path))
+        return path
+
+    @pytest.fixture
+    def sample(self, url: str, scratch: str) -> Sample:
+        rng = random.Random(scratch)
+        contents = {"empty.dat": b"", "one.dat": b"1", "small.dat": rng.randbytes(4096),
+                    "medium.dat": rng.randbytes(300_000)}
+
+        async def write(backend: Backend) -> None:
+            for name, data in contents.items():
+                await backend.put(child(scratch, name), data)
+            await backend.mkdir(child(scratch, "sub"))
+
+        run_with(url, write)
+        return Sample(scratch, {n: SampleFile.of(d) for n, d in contents.items()}, ("sub",))
+
+    @staticmethod
+    def _declares(url: str, capability: Capability) -> bool:
+        return bool(open_backend(url).capabilities & capability)
+
+    def test_a_put_is_confirmed_listed_and_read_back(self, url: str, scratch: str) -> None:
+        path = child(scratch, "new.dat")
+        first, second = b"first version\n", b"second, longer version\n"
+
+        async def check(backend: Backend) -> None:
+            sent = await backend.put(path, first)
+            assert (sent.kind, sent.size) == (Kind.FILE, len(first))
+            stored = await backend.confirm(path, sent)
+            assert stored.size == len(first)
+            assert "new.dat" in await listed(backend, scratch)
+            assert await read_all(backend, path, await backend.stat(path)) == first
+            again = await backend.put(path, second)
+            await backend.confirm(path, again)
+            entry = await backend.stat(path)
+            if sent.version and entry.version:
+                assert entry.version != sent.version
+            assert await read_all(backend, path, entry) == second
+
+        run_with(url, check)
+
+    def test_an_upload_in_parts_makes_one_file(self, url: str, scratch: str) -> None:
+        path = child(scratch, "parts.dat")
+
+        async def check(backend: Backend) -> None:
+            part = backend.upload_part_size
+            data = random.Random(7).randbytes(2 * part + 1234)
+            upload = await backend.begin_upload(path)
+            offsets = [0, part, 2 * part]
+            async with trio.open_nursery() as nursery:  # the core sends parts at once
+                for number, offset in enumerate(offsets, 1):
+                    end = offset + part if number < 3 else len(data)
+                    nursery.start_soon(upload.write_part, number, offset, data[offset:end])
+            sent = await upload.commit(len(data))
+            stored = await backend.confirm(path, sent)
+            assert stored.size == len(data)
+            got = await read_all(backend, path, stored)
+            assert hashlib.md5(got).digest() == hashlib.md5(data).digest()
+
+        run_with(url, check)
+
+    def test_an_aborted_upload_leaves_the_file_as_it_was(self, url: str, scratch: str) -> None:
+        """Unless the backend declares that its uploads write in place
+        (``atomic_uploads = False``): then the upload can be made again over the remains."""
+        path = child(scratch, "kept.dat")
+
+        async def check(backend: Backend) -> None:
+            await backend.put(path, b"kept")
+            upload = await backend.begin_upload(path)
+            await upload.write_part(1, 0, b"x" * backend.upload_part_size)
+            await upload.abort()
+            if backend.atomic_uploads:
+                assert await read_all(backend, path, await backend.stat(path)) == b"kept"
+            again = await backend.put(path, b"again")
+            await backend.confirm(path, again)
+            assert await read_all(backend, path, await backend.stat(path)) == b"again"
+
+        run_with(url, check)
+
+    def test_odd_names_round_trip(self, url: str, scratch: str) -> None:
+        async def check(backend: Backend) -> None:
+            for name in ODD_NAMES:
+                await backend.put(child(scratch, name), name.encode())
+            entries = await listed(backend, scratch)
+            assert sorted(entries) == sorted(ODD_NAMES)
+            for name in ODD_NAMES:
+                path = child(scratch, name)
+                assert await read_all(backend, path, await backend.stat(path)) == name.encode()
+
+        run_with(url, check)
+
+    def test_mkdir_and_rmdir(self, url: str, scratch: str) -> None:
+        if not self._declares(url, Capability.MKDIR):
+            self._refuses(url, lambda backend: backend.mkdir(child(scratch, "d")))
+            return
+        path = child(scratch, "d")
+
+        async def check(backend: Backend) -> None:
+            made = await backend.mkdir(path)
+            assert made.kind is Kind.DIR
+            assert (await backend.stat(path)).is_dir
+            assert await listed(backend, path) == {}
+            assert (await listed(backend, scratch))["d"].is_dir
+            await backend.put(child(path, "f"), b"f")
+            with pytest.raises(NotEmpty):
+                await backend.rmdir(path)
+            await backend.unlink(child(path, "f"))
+            await backend.rmdir(path)
+            with pytest.raises(NotFound):
+                await backend.stat(path)
+            assert "d" not in await listed(backend, scratch)
+
+        run_with(url, check)
+
+    def test_unlink(self, url: str, sample: Sample) -> None:
+        path = child(sample.directory, "small.dat")
+        if not self._declares(url, Capability.UNLINK):
+            self._refuses(url, lambda backend: backend.unlink(path))
+            return
+
+        async def check(backend: Backend) -> None:
+            await backend.unlink(path)
+            with pytest.raises(NotFound):
+                await backend.stat(path)
+            assert "small.dat" not in await listed(backend, sample.directory)
+
+        run_with(url, check)
+
+    def test_rename_moves_a_file_and_replaces_the_target(self, url: str,
+                                                         sample: Sample) -> None:
+        old, new = child(sample.directory, "small.dat"), child(sample.directory, "one.dat")
+        if not self._declares(url, Capability.RENAME):
+            self._refuses(url, lambda backend: backend.rename(old, new, Entry("x", Kind.FILE)))
+            return
+
+        async def check(backend: Backend) -> None:
+            moved = await backend.rename(old, new, await backend.stat(old))
+            assert (moved.name, moved.size) == ("one.dat", 4096)
+            with pytest.raises(NotFound):
+                await backend.stat(old)
+            entry = await backend.stat(new)
+            assert hashlib.md5(await read_all(backend, new, entry)).hexdigest() == \
+                sample.files["small.dat"].md5
+            names = await listed(backend, sample.directory)
+            assert "small.dat" not in names and names["one.dat"].size == 4096
+
+        run_with(url, check)
+
+    def test_truncate(self, url: str, sample: Sample) -> None:
+        path = child(sample.directory, "small.dat")
+        if not self._declares(url, Capability.TRUNCATE):
+            self._refuses(url, lambda backend: backend.truncate(path, 10))
+            return
+
+        async def check(backend: Backend) -> None:
+            before = await read_all(backend, path, await backend.stat(path))
+            cut = await backend.truncate(path, 10)
+            assert cut.size == 10
+            assert await read_all(backend, path, await backend.stat(path)) == before[:10]
+            grown = await backend.truncate(path, 20)
+            assert grown.size == 20
+            assert await read_all(backend, path, await backend.stat(path)) == \
+                before[:10] + b"\0" * 10
+
+        run_with(url, check)
+
+    def test_extended_attributes(self, url: str, sample: Sample,
+                                 xattr_name: str | None) -> None:
+        path = child(sample.directory, "small.dat")
+        if not self._declares(url, Capability.SETXATTR):
+            self._refuses(url, lambda backend: backend.set_xattr(
+                path, Entry("small.dat", Kind.FILE), "anything", b"1"))
+            return
+        assert xattr_name, "SETXATTR is declared: give the `xattr_name` fixture"
+
+        async def check(backend: Backend) -> None:
+            entry = await backend.stat(path)
+            entry = await backend.set_xattr(path, entry, xattr_name, b"blue")
+            assert (await backend.xattrs(path, await backend.stat(path)))[xattr_name] == b"blue"
+            await backend.set_xattr(path, entry, xattr_name, None)
+            assert xattr_name not in await backend.xattrs(path, await backend.stat(path))
+            with pytest.raises(NotSupported):
+                await backend.set_xattr(path, entry, "no-such-namespace.key", b"1")
+
+        run_with(url, check)
+
+    def test_times_are_set_or_refused(self, url: str, sample: Sample) -> None:
+        path = child(sample.directory, "small.dat")
+
+        async def check(backend: Backend) -> None:
+            entry = await backend.stat(path)
+            try:
+                after = await backend.set_mtime(path, entry, 1_000_000_000 * 10**9, now=False)
+            except NotPermitted:
+                return  # the catalog keeps only its own times: a documented refusal
+            assert after.mtime_ns == 1_000_000_000 * 10**9
+
+        run_with(url, check)
+
+    @staticmethod
+    def _refuses(url: str, call: Callable[[Backend], Awaitable[Any]]) -> None:
+        async def check(backend: Backend) -> None:
+            with pytest.raises(NotSupported):
+                await call(backend)
+
+        run_with(url, check)
+
+
+class BigFileConformance:
+    """Sizes past 4 GiB (the old prototype kept sizes in a 32-bit int). Give ``url`` and
+    ``big_file``."""
+
+    def test_sizes_past_4_gib_and_reads_beyond(self, url: str, big_file: BigFile) -> None:
+        assert big_file.size > 1 << 32
+
+        async def check(backend: Backend) -> None:
+            entry = await backend.stat(big_file.path)
+            assert entry.size == big_file.size
+            parent, _, name = big_file.path.rpartition("/")
+            assert (await listed(backend, parent or "/"))[name].size == big_file.size
+            handle = await backend.open(big_file.path, entry)
+            try:
+                for offset in ((1 << 32) - 10, big_file.size - 4096):
+                    data = await backend.read(handle, offset, 4096)
+                    assert bytes(data) == big_file.expected(offset, 4096), offset
+            finally:
+                await backend.close(handle)
+
+        run_with(url, check)
+
+
+class CutListingConformance:
+    """A listing the server cuts off mid-answer is an error, never a shorter listing. Give
+    ``broken_listing``: a URL and a directory whose listing its server will cut short."""
+
+    def test_a_listing_cut_short_is_an_error(self, broken_listing: tuple[str, str]) -> None:
+        url, path = broken_listing
+
+        async def check(backend: Backend) -> None:
+            with pytest.raises(RucioFsError) as caught:
+                await listed(backend, path)
+            assert not isinstance(caught.value, NotFound)
+            _one_line(caught.value)
+
+        run_with(url, check)
+
+
+class DeadServerConformance:
+    """Nobody answering is :class:`~rucio_fs.errors.Unavailable` (EIO through the mount) in
+    bounded time, never NotFound and never a hang. Give ``dead_url``: the backend's URL
+    with nobody listening."""
+
+    def test_a_dead_server_is_unavailable_in_bounded_time(self, dead_url: str) -> None:
+        async def check(backend: Backend) -> None:
+            await backend.stat("/anything")
+
+        with pytest.raises((Unavailable, trio.TooSlowError)) as caught:
+            run_with(dead_url, check)
+        assert isinstance(caught.value, Unavailable), "a dead server hung the backend"
+        _one_line(caught.value)

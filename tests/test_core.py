@@ -1,0 +1,148 @@
+"""The core without a kernel: the one door (:class:`~rucio_fs.catalog.Catalog`) over scripted
+backends and the memory reference backend, in-process. Every backend call is bounded,
+counted and shared; a listing is complete or an error; a change made through the mount is
+known to the caches without asking the backend again."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+from model_kernel import ScriptedBackend, ScriptedFile
+
+from rucio_fs.backend import Entry, Kind
+from rucio_fs.catalog import Catalog
+from rucio_fs.config import MountConfig
+from rucio_fs.errors import IntegrityError, NotFound, Unavailable
+from rucio_fs.registry import open_backend
+from rucio_fs.stats import Stats
+
+
+def catalog_of(backend, **config) -> Catalog:
+    return Catalog(backend, MountConfig(**config), Stats())
+
+
+def errors(catalog: Catalog, call: str) -> dict[str, int]:
+    return dict(catalog.stats.backend_call(call).errors)
+
+
+class Hanging(ScriptedBackend):
+    async def stat(self, path: str) -> Entry:
+        await trio.sleep(math.inf)
+        raise AssertionError("unreachable")
+
+
+class Buggy(ScriptedBackend):
+    async def stat(self, path: str) -> Entry:
+        raise RuntimeError("a bug in the backend")
+
+
+class Counting(ScriptedBackend):
+    def __init__(self) -> None:
+        super().__init__({"a.dat": ScriptedFile(b"a" * 100)})
+        self.stats = 0
+
+    async def stat(self, path: str) -> Entry:
+        self.stats += 1
+        await trio.sleep(0.05)
+        return await super().stat(path)
+
+
+class BreaksMidListing(ScriptedBackend):
+    async def list(self, path: str) -> AsyncIterator[Entry]:
+        yield Entry(name="first", kind=Kind.FILE)
+        yield Entry(name="second", kind=Kind.FILE)
+        raise Unavailable("the connection dropped mid-listing")
+
+
+class ShortReads(ScriptedBackend):
+    async def read(self, handle: str, offset: int, size: int) -> bytes:
+        return (await super().read(handle, offset, size))[:-1]
+
+
+def test_a_hanging_backend_call_is_unavailable_in_bounded_time_and_counted():
+    catalog = catalog_of(Hanging({}), backend_timeout=0.2)
+
+    async def main() -> None:
+        with trio.fail_after(5), pytest.raises(Unavailable, match=r"timed out after 0\.2 s"):
+            await catalog.stat("/x")
+
+    trio.run(main)
+    assert errors(catalog, "stat") == {"ETIMEDOUT": 1}
+
+
+def test_a_backend_bug_becomes_eio_not_a_crash():
+    catalog = catalog_of(Buggy({}))
+    with pytest.raises(Unavailable, match="failed unexpectedly"):
+        trio.run(catalog.stat, "/x")
+    assert errors(catalog, "stat") == {"EIO": 1}
+
+
+@pytest.mark.parametrize("coalescing", [True, False])
+def test_concurrent_identical_calls_share_one_backend_call(coalescing):
+    backend = Counting()
+    catalog = catalog_of(backend, coalescing=coalescing, metadata=False)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(10):
+                nursery.start_soon(catalog.stat, "/a.dat")
+
+    trio.run(main)
+    assert backend.stats == (1 if coalescing else 10)
+
+
+def test_a_listing_that_breaks_midway_is_an_error_and_never_cached():
+    catalog = catalog_of(BreaksMidListing({}))
+
+    async def main() -> None:
+        listing = await catalog.list("/")
+        await listing.wait_beyond(len(listing) + 10)  # returns when it is done
+        assert listing.done and isinstance(listing.error, Unavailable)
+        assert catalog.listing.get("/") is None  # a partial listing is never served as whole
+
+    trio.run(main)
+    assert errors(catalog, "list") == {"EIO": 1}
+
+
+def test_a_short_backend_read_is_an_integrity_error_never_a_short_file():
+    backend = ShortReads({"f": ScriptedFile(b"x" * 5000)})
+    catalog = catalog_of(backend)
+
+    async def main() -> None:
+        entry = await catalog.stat("/f")
+        handle = await catalog.open("/f", entry)
+        with pytest.raises(IntegrityError, match="returned 4999 of 5000 bytes"):
+            await catalog.data_path.read("/f", entry, handle, 0, 5000)
+
+    trio.run(main)
+
+
+def test_changes_through_the_door_are_known_without_asking_again():
+    backend = open_backend("memory://core-bookkeeping")
+    catalog = catalog_of(backend)
+
+    async def main() -> None:
+        await catalog.list("/")
+        await catalog.mkdir("/d")
+        sent = await catalog.put("/d/f", b"content")
+        catalog.committed("/d/f", await catalog.confirm("/d/f", sent))
+        before = backend.requests
+        assert (await catalog.stat("/d")).is_dir
+        assert (await catalog.stat("/d/f")).size == 7
+        assert "d" in (await catalog.list("/")).by_name
+        assert backend.requests == before  # all from the caches the changes updated
+        moved = await catalog.stat("/d")
+        await catalog.rename("/d", "/e", moved)
+        with pytest.raises(NotFound):
+            await catalog.stat("/d/f")  # the old tree is forgotten
+        assert (await catalog.stat("/e/f")).size == 7
+        await catalog.unlink("/e/f")
+        before = backend.requests
+        with pytest.raises(NotFound):
+            await catalog.stat("/e/f")  # a negative entry, from the change itself
+        assert backend.requests == before
+
+    trio.run(main)
