@@ -6,15 +6,16 @@ uploads and their confirmation, ``statfs``, xattrs — bounded, counted and time
 (``tests/test_layering.py`` checks that no other core module reaches the backend). The
 metadata, listing and xattr layers live here; file data lives in :attr:`Catalog.data_path`
 (:mod:`rucio_fs.datapath`), whose backend reads come through :meth:`Catalog._read_exact`.
-Files created through the mount and not yet uploaded are overlaid on what the backend says
-(:attr:`Catalog.local`). Paths are catalog paths (see :mod:`rucio_fs.backend`).
+Files whose content this mount holds and the backend may not (written, not yet uploaded) are
+overlaid on what the backend says: their owner, :class:`~rucio_fs.writeback.WriteBack`, is the
+catalog's :class:`Overlay`. Paths are catalog paths (see :mod:`rucio_fs.backend`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -33,6 +34,25 @@ LAYERS = ("kernel", "metadata", "listing", "data", "disk")
 
 #: Cached in the metadata layer for a path that does not exist (a negative entry).
 _MISSING = Entry(name="", kind=Kind.FILE)
+
+
+class Overlay(Protocol):
+    """Files with content local to this mount (pending writes): their local attributes win
+    over what the backend or the caches say, in ``stat`` and in every listing."""
+
+    def entry(self, path: str) -> Entry | None:
+        """The local entry of ``path``, if it has one."""
+
+    def children(self, directory: str) -> Iterable[Entry]:
+        """The local entries of the files directly in ``directory``."""
+
+
+class _NoOverlay:
+    def entry(self, path: str) -> Entry | None:
+        return None
+
+    def children(self, directory: str) -> Iterable[Entry]:
+        return ()
 
 
 def child_path(parent: str, name: str) -> str:
@@ -73,8 +93,8 @@ class Catalog:
         self.calls = BackendCalls(stats, config.backend_timeout, config.coalescing)
         #: Blocks of file data: the data and disk layers and the reads that fill them.
         self.data_path = DataPath(config, stats, self.calls, self._read_exact, disk)
-        #: Files created through this mount and not yet uploaded: shown by stat and list.
-        self.local: dict[str, Entry] = {}
+        #: Files with local content (set by the write-back of a writable mount).
+        self.overlay: Overlay = _NoOverlay()
         #: Listings being fetched, shared by everyone who opens the directory meanwhile.
         self._filling: dict[str, Listing] = {}
         #: Where listings are fetched in the background; set by the daemon (None: in line).
@@ -83,7 +103,7 @@ class Catalog:
 
     async def stat(self, path: str) -> Entry:
         """Attributes of ``path``: metadata cache, then the parent's cached listing, then stat."""
-        entry = self.local.get(path) or self.metadata.get(path)
+        entry = self.overlay.entry(path) or self.metadata.get(path)
         if entry is None and path != "/":
             parent, name = split_path(path)
             listing = self.listing.get(parent)
@@ -143,9 +163,8 @@ class Catalog:
         finally:
             if self._filling.get(path) is listing:
                 del self._filling[path]
-        for local_path, entry in self.local.items():
-            if split_path(local_path)[0] == path:
-                listing.upsert(entry)
+        for entry in self.overlay.children(path):
+            listing.upsert(entry)
         if listing.rejected:
             self.stats.events["listing_names_rejected"] += listing.rejected
             log.warning("%s: %d entries with unusable or duplicate names left out",
@@ -237,11 +256,6 @@ class Catalog:
         self.note_entry(new, moved)
         return moved
 
-    def renamed_locally(self, old: str, new: str, entry: Entry) -> None:
-        """A file never uploaded moved: only this mount knows of it, under ``new`` now."""
-        self.note_entry(old, None)
-        self.created_locally(new, entry)
-
     async def truncate(self, path: str, size: int) -> Entry:
         entry = await self.calls.timed("truncate", lambda: self.backend.truncate(path, size))
         self.note_entry(path, entry)
@@ -288,7 +302,6 @@ class Catalog:
         listing = self.listing.peek(parent)
         self.xattr_cache.discard(path)
         if entry is None:
-            self.local.pop(path, None)
             self.metadata.put(path, _MISSING)
             if listing is not None:
                 listing.remove(name)
@@ -296,20 +309,6 @@ class Catalog:
             self.metadata.put(path, entry)
             if listing is not None:
                 listing.upsert(entry)
-
-    def has_local_below(self, path: str) -> bool:
-        """Whether a file only this mount knows of lies below directory ``path``."""
-        below = path.rstrip("/") + "/"
-        return any(p.startswith(below) for p in self.local)
-
-    def created_locally(self, path: str, entry: Entry) -> None:
-        """A new file exists only in the mount until its first upload."""
-        self.local[path] = entry
-        self.note_entry(path, entry)
-
-    def committed(self, path: str, entry: Entry) -> None:
-        self.local.pop(path, None)
-        self.note_entry(path, entry)
 
     def new_directory(self, path: str, entry: Entry) -> None:
         self.note_entry(path, entry)
@@ -322,8 +321,6 @@ class Catalog:
             for key in layer.cached_keys():
                 if key == path or key.startswith(below):
                     layer.discard(key)
-        for key in [k for k in self.local if k.startswith(below)]:
-            del self.local[key]
 
     def drop(self, layers: Iterable[str]) -> None:
         """Empty the named user-space layers (the kernel layer is the FUSE layer's job)."""

@@ -39,7 +39,7 @@ from .errors import (
     RucioFsError,
 )
 from .inodes import ROOT_INO, Inode, InodeTable
-from .integrity import StreamVerifier, verifier_for
+from .integrity import StreamVerifier, Verification
 from .stats import Stats, errno_name
 from .tracing import RequestRecorder
 from .writeback import DirtyFile, WriteBack
@@ -155,8 +155,9 @@ class RucioFs(pyfuse3.Operations):
             self.flush = self.fsync = _not_implemented  # type: ignore[method-assign,assignment]
         #: Where background work (read-ahead, checksum hashing) runs; set by the daemon.
         self.nursery: trio.Nursery | None = None
-        #: What one verifier's reorder buffer may hold (the memory limit's share).
-        self._reorder_bytes = Shares(config.memory_limit).verification
+        #: Checksums of whole reads (one verifier per open version, fed by every handle).
+        self.verification = Verification(config.verify, Shares(config.memory_limit).verification,
+                                         stats.events)
         #: Set while `rucio-fs trace` runs: every request's op, start, end and errno.
         self.recorder: RequestRecorder | None = None
         self._dirs: dict[int, _DirHandle] = {}
@@ -343,7 +344,8 @@ class RucioFs(pyfuse3.Operations):
         entry = await self._revalidate(node)
         backend_handle = await self.catalog.open(node.path, entry)
         version = content_version(entry)
-        verifier = self._verifier_for(node, entry, version)
+        verifier = self.verification.join(node, entry.checksums, entry.size, version,
+                                          self.nursery)
         # Keep the kernel's page cache only when it can hold nothing but this very content,
         # checked: pages of this version, or none yet of an immutable file, and never pages
         # of a version no complete pass has verified yet (a checksum to verify and no
@@ -357,21 +359,6 @@ class RucioFs(pyfuse3.Operations):
         self._files[fh] = _FileHandle(node, entry, backend_handle, verifier, stream)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
-    def _verifier_for(self, node: Inode, entry: Entry, version: str) -> StreamVerifier | None:
-        """The verifier every reader of this version feeds, while none has verified it."""
-        if not self.config.verify or node.verified_version == version or self.nursery is None:
-            return None
-        verifier = node.verifier
-        if verifier is None or verifier.version != version or not verifier.takes_readers():
-            verifier = verifier_for(node.path, entry.size, entry.checksums, version,
-                                    self._reorder_bytes)
-            if verifier is None:
-                return None
-            node.verifier = verifier
-            self.nursery.start_soon(verifier.run)
-        verifier.users += 1
-        return verifier
-
     @fuse_op
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._files[fh]
@@ -383,19 +370,16 @@ class RucioFs(pyfuse3.Operations):
         verifier = handle.verifier
         if verifier is not None:
             try:
-                await verifier.feed(off, data)
+                forget = await self.verification.feed(handle.inode, verifier, off, data)
             except IntegrityError:
                 # Neither our blocks nor the kernel's pages of this file may be served again.
                 self.catalog.data_path.discard(handle.inode.path, handle.entry)
                 handle.inode.cached_version = INVALID
                 self._forget_pages(handle.inode)
                 raise
-            if verifier.state == "verified":
-                handle.inode.verified_version = verifier.version
-            elif verifier.dropped:
+            if forget:
                 # Bytes the verifier could not hold: the kernel must not keep their pages,
                 # or a later pass would get them without the daemon seeing them.
-                verifier.dropped = 0
                 self._forget_pages(handle.inode)
         return data
 
@@ -411,14 +395,8 @@ class RucioFs(pyfuse3.Operations):
         if handle.stream is not None:
             await handle.stream.close()
         node = handle.inode
-        verifier = handle.verifier
-        if verifier is not None:
-            verifier.users -= 1
-            if verifier.users == 0:  # its last reader is gone: settle and count the verdict
-                if node.verifier is verifier:  # an open meanwhile starts a pass of its own
-                    node.verifier = None
-                await verifier.close()  # a verified pass was noted by the read completing it
-                self.stats.events[f"checksum_{verifier.state}"] += 1
+        if handle.verifier is not None:
+            await self.verification.leave(node, handle.verifier)
         if handle.backend_handle is not None or handle.dirty is None:
             await self.catalog.close(handle.backend_handle)
         if handle.writer and handle.dirty is not None and self.writes is not None:
@@ -522,7 +500,7 @@ class RucioFs(pyfuse3.Operations):
                 raise IsADirectory(path)
         dirty = writes.open(path, existing)
         if existing is None:
-            self.catalog.created_locally(path, dirty.entry())
+            self.catalog.note_entry(path, dirty.entry())
         elif flags & os.O_TRUNC:
             await dirty.truncate(0)
         node = self.inodes.lookup(parent, text, dirty.entry(), time.monotonic())
@@ -643,9 +621,7 @@ class RucioFs(pyfuse3.Operations):
         entry = await self._entry_of(path)
         if not entry.is_dir:
             raise NotADirectory(path)
-        below = path + "/"
-        if (self.catalog.has_local_below(path)
-                or any(p.startswith(below) for p in self._writeback().files)):
+        if self._writeback().has_below(path):
             raise NotEmpty(path)
         await self.catalog.rmdir(path)
         self.inodes.detach(parent, text)
@@ -685,7 +661,8 @@ class RucioFs(pyfuse3.Operations):
                     # Never uploaded: the move is the mount's own business until the upload.
                     await writes.renamed(old, new)
                     new_entry = dirty.entry()
-                    self.catalog.renamed_locally(old, new, new_entry)
+                    self.catalog.note_entry(old, None)
+                    self.catalog.note_entry(new, new_entry)
         if not local_only:
             if dirty is not None:
                 entry = await dirty.commit() or dirty.base or entry

@@ -29,7 +29,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, unquote, urlsplit
@@ -123,11 +123,12 @@ def status_error(status: int, what: str, detail: str = "") -> RucioFsError:
 
 
 class Authenticator(Protocol):
-    """How an :class:`ApiClient` authenticates. ``refresh`` is called once after a 401."""
+    """How an :class:`ApiClient` authenticates. ``refresh`` is called once after a 401 with
+    the headers the refused request carried."""
 
     async def headers(self) -> dict[str, str]: ...
 
-    async def refresh(self) -> None: ...
+    async def refresh(self, sent: Mapping[str, str]) -> None: ...
 
 
 class TokenAuth(ABC):
@@ -167,9 +168,14 @@ class TokenAuth(ABC):
             await self.renew(self._token)
         return self.header()
 
-    async def refresh(self) -> None:
-        """The server refused the token (401): get a new one, once."""
-        await self.renew(self._token, refused=True)
+    async def refresh(self, sent: Mapping[str, str]) -> None:
+        """The server refused the token that request headers ``sent`` carried (401): get a
+        new one, unless a newer one is there already (concurrent requests refused together
+        renew once)."""
+        token = self._token
+        if any(sent.get(name) != value for name, value in self.header().items()):
+            return  # renewed since that request was sent
+        await self.renew(token, refused=True)
 
     async def renew(self, stale: str, refused: bool = False) -> None:
         """Replace token ``stale`` unless somebody already did (or it is still fresh and
@@ -258,7 +264,7 @@ class ApiClient:
                                                headers=headers) as response:
                     self.counters["requests"] += 1
                     if response.status_code == 401 and self.auth and attempt == 0:
-                        await self.auth.refresh()
+                        await self.auth.refresh(response.request.headers)
                         continue
                     if response.status_code in RETRYABLE:
                         self.counters["retries"] += 1
@@ -306,7 +312,7 @@ class ApiClient:
             else:
                 if response.status_code == 401 and self.auth and not refreshed:
                     refreshed = True
-                    await self.auth.refresh()
+                    await self.auth.refresh(response.request.headers)
                     continue
                 if response.status_code not in RETRYABLE:
                     return response

@@ -175,3 +175,57 @@ def verifier_for(path: str, size: int, checksums: Mapping[str, str], version: st
         if expected:
             return StreamVerifier(path, algorithm, expected, size, version, max_pending)
     return None
+
+
+class Verification:
+    """The verification of one mount: which reads feed which verifier, and what is verified.
+
+    An open of a version that no complete pass has verified joins that version's verifier
+    (one per inode, fed by every handle); a pass that is closing on an incomplete prefix takes
+    no new readers, so such an open starts a pass of its own. ``verified_version`` and
+    ``verifier`` live on the inode.
+    """
+
+    def __init__(self, enabled: bool, reorder_bytes: int, events: Any) -> None:
+        self.enabled = enabled
+        #: What one verifier's reorder buffer may hold (the memory limit's share).
+        self.reorder_bytes = reorder_bytes
+        self.events = events
+
+    def join(self, node: Any, checksums: Mapping[str, str], size: int, version: str,
+             nursery: trio.Nursery | None) -> StreamVerifier | None:
+        """The verifier a new reader of ``version`` of ``node`` feeds, hashing in
+        ``nursery`` (None: nothing to verify, already verified, or nowhere to hash)."""
+        if not self.enabled or node.verified_version == version or nursery is None:
+            return None
+        verifier = node.verifier
+        if verifier is None or verifier.version != version or not verifier.takes_readers():
+            verifier = verifier_for(node.path, size, checksums, version, self.reorder_bytes)
+            if verifier is None:
+                return None
+            node.verifier = verifier
+            nursery.start_soon(verifier.run)
+        verifier.users += 1
+        return verifier
+
+    async def feed(self, node: Any, verifier: StreamVerifier, offset: int,
+                   data: bytes | memoryview) -> bool:
+        """Bytes a reader got; IntegrityError when they complete a pass that did not match.
+        True when bytes were dropped unhashed: the kernel must forget the file's pages."""
+        await verifier.feed(offset, data)
+        if verifier.state == "verified":
+            node.verified_version = verifier.version
+        elif verifier.dropped:
+            verifier.dropped = 0
+            return True
+        return False
+
+    async def leave(self, node: Any, verifier: StreamVerifier) -> None:
+        """A reader is gone; after the last, settle the pass and count its verdict."""
+        verifier.users -= 1
+        if verifier.users:
+            return
+        if node.verifier is verifier:  # an open meanwhile starts a pass of its own
+            node.verifier = None
+        await verifier.close()  # a verified pass was noted by the read completing it
+        self.events[f"checksum_{verifier.state}"] += 1

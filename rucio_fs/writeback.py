@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -234,7 +234,7 @@ class DirtyFile:
             self.base = replace(entry, name=self.path.rpartition("/")[2])
             self.dirty = self.streaming = False
             self.unrecord()
-            self.wb.catalog.committed(self.path, self.base)
+            self.wb.catalog.note_entry(self.path, self.base)
             return self.base
 
     async def _upload_content(self) -> Entry:
@@ -380,7 +380,9 @@ class WriteBack:
         self.catalog = catalog
         self.url = url
         self.staging_dir = staging_dir
+        #: Files with content local to this mount, by path; the catalog overlays them.
         self.files: dict[str, DirtyFile] = {}
+        catalog.overlay = self
         #: Bytes of parts on their way, all files together.
         self.part_bytes = ByteBudget(Shares(catalog.config.memory_limit).uploads)
         self.generations = itertools.count(1)
@@ -461,7 +463,7 @@ class WriteBack:
         dirty.error = str(record.get("error") or "adopted from an earlier mount")
         self.files[dirty.path] = dirty
         if base is None:
-            self.catalog.created_locally(dirty.path, dirty.entry())
+            self.catalog.note_entry(dirty.path, dirty.entry())
         log.warning("%s: pending upload of %d bytes adopted from %s", dirty.path, dirty.size,
                     path)
         return dirty
@@ -543,6 +545,22 @@ class WriteBack:
             dirty.path = target
             dirty.rerecord()
             self.files[target] = dirty
+
+    # -- the catalog's overlay: what only this mount holds wins -----------------------------
+
+    def entry(self, path: str) -> Entry | None:
+        dirty = self.files.get(path)
+        return dirty.entry() if dirty is not None else None
+
+    def children(self, directory: str) -> Iterable[Entry]:
+        prefix = directory.rstrip("/") + "/"
+        return [dirty.entry() for path, dirty in self.files.items()
+                if path.startswith(prefix) and "/" not in path[len(prefix):]]
+
+    def has_below(self, directory: str) -> bool:
+        """Whether a file with local content lies below ``directory``."""
+        prefix = directory.rstrip("/") + "/"
+        return any(path.startswith(prefix) for path in self.files)
 
     def pending(self) -> list[DirtyFile]:
         """Files with no writer left whose upload failed."""

@@ -16,6 +16,7 @@ from rucio_fs.backend import Entry, Kind
 from rucio_fs.catalog import Catalog
 from rucio_fs.config import MountConfig
 from rucio_fs.errors import IntegrityError, NotFound, Unavailable
+from rucio_fs.http import TokenAuth
 from rucio_fs.registry import open_backend
 from rucio_fs.stats import Stats
 
@@ -128,7 +129,7 @@ def test_changes_through_the_door_are_known_without_asking_again():
         await catalog.list("/")
         await catalog.mkdir("/d")
         sent = await catalog.put("/d/f", b"content")
-        catalog.committed("/d/f", await catalog.confirm("/d/f", sent))
+        catalog.note_entry("/d/f", await catalog.confirm("/d/f", sent))
         before = backend.requests
         assert (await catalog.stat("/d")).is_dir
         assert (await catalog.stat("/d/f")).size == 7
@@ -146,3 +147,34 @@ def test_changes_through_the_door_are_known_without_asking_again():
         assert backend.requests == before
 
     trio.run(main)
+
+
+class CountingToken(TokenAuth):
+    def __init__(self) -> None:
+        super().__init__()
+        self.issued = 0
+
+    def header(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    async def obtain(self, refused: bool) -> tuple[str, float]:
+        self.issued += 1
+        await trio.sleep(0.01)  # a login round trip
+        return f"token-{self.issued}", math.inf
+
+
+def test_requests_refused_together_renew_the_token_once():
+    """Two requests sent with one token, both refused (401): one login, not two (the second
+    refresh renewed the token the first had just obtained: an iRODS test saw 4 logins for 3)."""
+    auth = CountingToken()
+
+    async def main() -> None:
+        sent = await auth.headers()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(auth.refresh, sent)
+            await trio.sleep(0.02)  # the second 401 arrives after the first renewal
+            nursery.start_soon(auth.refresh, sent)
+        assert auth.token == "token-2"
+
+    trio.run(main)
+    assert auth.issued == 2  # the first login and one renewal

@@ -39,17 +39,8 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
+from .. import errors
 from ..backend import Backend, Capability, Entry, Kind, usable_name
-from ..errors import (
-    InvalidInput,
-    NotADirectory,
-    NotEmpty,
-    NotFound,
-    NotPermitted,
-    NotSupported,
-    RucioFsError,
-    Unavailable,
-)
 from ..registry import open_backend
 
 T = TypeVar("T")
@@ -183,7 +174,7 @@ class BackendConformance:
     def test_bad_urls_are_refused_in_one_line(self, url: str, bad_urls: list[str]) -> None:
         unknown_option = url + ("&" if "?" in url else "?") + "no_such_option=1"
         for bad in [unknown_option, *bad_urls]:
-            with pytest.raises(InvalidInput) as caught:
+            with pytest.raises(errors.InvalidInput) as caught:
                 open_backend(bad)
             _one_line(caught.value)
             if bad == unknown_option:
@@ -225,14 +216,14 @@ class BackendConformance:
         a_file = child(sample.directory, next(iter(sample.files)))
 
         async def check(backend: Backend) -> None:
-            with pytest.raises(NotFound):
+            with pytest.raises(errors.NotFound):
                 await backend.stat(missing)
             # Where directories are only prefixes of keys (S3), a missing one lists empty.
-            with contextlib.suppress(NotFound):
+            with contextlib.suppress(errors.NotFound):
                 assert await listed(backend, missing) == {}
-            with contextlib.suppress(NotADirectory, NotFound):
+            with contextlib.suppress(errors.NotADirectory, errors.NotFound):
                 assert await listed(backend, a_file) == {}
-            with pytest.raises((NotADirectory, NotFound)):
+            with pytest.raises((errors.NotADirectory, errors.NotFound)):
                 await backend.stat(a_file + "/below")
 
         run_with(url, check)
@@ -383,11 +374,11 @@ class WritableConformance(BackendConformance):
             assert await listed(backend, path) == {}
             assert (await listed(backend, scratch))["d"].is_dir
             await backend.put(child(path, "f"), b"f")
-            with pytest.raises(NotEmpty):
+            with pytest.raises(errors.NotEmpty):
                 await backend.rmdir(path)
             await backend.unlink(child(path, "f"))
             await backend.rmdir(path)
-            with pytest.raises(NotFound):
+            with pytest.raises(errors.NotFound):
                 await backend.stat(path)
             assert "d" not in await listed(backend, scratch)
 
@@ -401,7 +392,7 @@ class WritableConformance(BackendConformance):
 
         async def check(backend: Backend) -> None:
             await backend.unlink(path)
-            with pytest.raises(NotFound):
+            with pytest.raises(errors.NotFound):
                 await backend.stat(path)
             assert "small.dat" not in await listed(backend, sample.directory)
 
@@ -417,7 +408,7 @@ class WritableConformance(BackendConformance):
         async def check(backend: Backend) -> None:
             moved = await backend.rename(old, new, await backend.stat(old))
             assert (moved.name, moved.size) == ("one.dat", 4096)
-            with pytest.raises(NotFound):
+            with pytest.raises(errors.NotFound):
                 await backend.stat(old)
             entry = await backend.stat(new)
             assert hashlib.md5(await read_all(backend, new, entry)).hexdigest() == \
@@ -460,7 +451,7 @@ class WritableConformance(BackendConformance):
             assert (await backend.xattrs(path, await backend.stat(path)))[xattr_name] == b"blue"
             await backend.set_xattr(path, entry, xattr_name, None)
             assert xattr_name not in await backend.xattrs(path, await backend.stat(path))
-            with pytest.raises(NotSupported):
+            with pytest.raises(errors.NotSupported):
                 await backend.set_xattr(path, entry, "no-such-namespace.key", b"1")
 
         run_with(url, check)
@@ -472,7 +463,7 @@ class WritableConformance(BackendConformance):
             entry = await backend.stat(path)
             try:
                 after = await backend.set_mtime(path, entry, 1_000_000_000 * 10**9, now=False)
-            except NotPermitted:
+            except errors.NotPermitted:
                 return  # the catalog keeps only its own times: a documented refusal
             assert after.mtime_ns == 1_000_000_000 * 10**9
 
@@ -481,7 +472,7 @@ class WritableConformance(BackendConformance):
     @staticmethod
     def _refuses(url: str, call: Callable[[Backend], Awaitable[Any]]) -> None:
         async def check(backend: Backend) -> None:
-            with pytest.raises(NotSupported):
+            with pytest.raises(errors.NotSupported):
                 await call(backend)
 
         run_with(url, check)
@@ -518,9 +509,9 @@ class CutListingConformance:
         url, path = broken_listing
 
         async def check(backend: Backend) -> None:
-            with pytest.raises(RucioFsError) as caught:
+            with pytest.raises(errors.RucioFsError) as caught:
                 await listed(backend, path)
-            assert not isinstance(caught.value, NotFound)
+            assert not isinstance(caught.value, errors.NotFound)
             _one_line(caught.value)
 
         run_with(url, check)
@@ -535,7 +526,7 @@ class DeadServerConformance:
         async def check(backend: Backend) -> None:
             await backend.stat("/anything")
 
-        with pytest.raises((Unavailable, trio.TooSlowError)) as caught:
+        with pytest.raises((errors.Unavailable, trio.TooSlowError)) as caught:
             run_with(dead_url, check)
-        assert isinstance(caught.value, Unavailable), "a dead server hung the backend"
+        assert isinstance(caught.value, errors.Unavailable), "a dead server hung the backend"
         _one_line(caught.value)
