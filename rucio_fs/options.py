@@ -16,16 +16,26 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def url_options(query: str, known: tuple[str, ...], scheme: str) -> dict[str, str]:
-    """The ``?key=value&...`` options of a mount URL; InvalidInput naming unknown ones."""
+def url_option_values(query: str, known: tuple[str, ...],
+                      scheme: str) -> dict[str, list[str]]:
+    """Every value of each ``?key=value`` option of a mount URL, in order (a key may be
+    given more than once); InvalidInput naming unknown ones."""
     from urllib.parse import parse_qsl
 
-    options = dict(parse_qsl(query, keep_blank_values=True))
+    options: dict[str, list[str]] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        options.setdefault(key, []).append(value)
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise InvalidInput(f"unknown {scheme} option(s) {', '.join(unknown)} "
                            f"(known: {', '.join(known)})")
     return options
+
+
+def url_options(query: str, known: tuple[str, ...], scheme: str) -> dict[str, str]:
+    """The ``?key=value`` options of a mount URL (the last value of a repeated key);
+    InvalidInput naming unknown ones."""
+    return {key: values[-1] for key, values in url_option_values(query, known, scheme).items()}
 
 
 def parse_duration(text: str) -> float:

@@ -265,7 +265,7 @@ def test_read_only_and_missing(mount_fs, rucio_server):
     ("rucio:///bench/nosuchdataset", "not found"),
     ("rucio:///bench/loose.dat", "is a file, not a collection"),
     ("rucio:///?auth=kerberos", "unsupported Rucio auth_type 'kerberos'"),
-    ("rucio:///?colour=red", "unknown rucio option 'colour'"),
+    ("rucio:///?colour=red", "unknown rucio option(s) colour"),
     ("rucio:///?config=/nonexistent.cfg", "does not exist"),
     ("rucio://127.0.0.1:1/?api=http", "ConnectError"),
 ])

@@ -20,13 +20,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import ClassVar
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import urlsplit
 
 import trio
 
 from rucio_fs.backend import Backend, Entry, FsUsage, Kind
 from rucio_fs.errors import InvalidInput, NotADirectory, NotFound, PermissionDenied, Unavailable
-from rucio_fs.options import parse_duration
+from rucio_fs.options import parse_duration, url_options
 
 from .content import (
     BIG_ADLER32,
@@ -106,14 +106,9 @@ class DemoBackend(Backend):
         parts = urlsplit(url)
         if parts.netloc or parts.path not in ("", "/"):
             raise InvalidInput(f"demo URL takes no host or path: {url!r} (use demo://)")
-        latency, faults = 0.0, False
-        for key, value in parse_qsl(parts.query, keep_blank_values=True):
-            if key == "latency":
-                latency = parse_duration(value)
-            elif key == "faults":
-                faults = value.lower() in ("1", "true", "yes", "on")
-            else:
-                raise InvalidInput(f"unknown demo option {key!r} (known: latency, faults)")
+        options = url_options(parts.query, ("latency", "faults"), cls.scheme)
+        latency = parse_duration(options.get("latency", "0"))
+        faults = options.get("faults", "").lower() in ("1", "true", "yes", "on")
         return cls(latency, faults)
 
     async def _request(self, kind: str, round_trip: bool = True) -> None:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import configparser
 import os
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from rucio_fs.errors import InvalidInput
-from rucio_fs.options import parse_duration
+from rucio_fs.options import parse_duration, url_option_values
 
 AUTH_TYPES = ("userpass", "x509", "x509_proxy", "token")
 READABLE_SCHEMES = ("https", "davs", "http", "dav", "file")
@@ -99,11 +99,7 @@ def load_settings(url: str) -> RucioSettings:
         port = parts.port
     except ValueError as exc:
         raise InvalidInput(f"malformed rucio URL {url!r}: {exc}") from None
-    options: dict[str, list[str]] = {}
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key not in OPTIONS:
-            raise InvalidInput(f"unknown rucio option {key!r} (known: {', '.join(OPTIONS)})")
-        options.setdefault(key, []).append(value)
+    options = url_option_values(parts.query, OPTIONS, "rucio")
 
     def option(key: str) -> str | None:
         return options[key][-1] if key in options else None
