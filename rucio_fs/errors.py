@@ -1,7 +1,8 @@
-"""Typed errors shared by the core and every backend, and their one mapping to errno.
+"""Typed errors shared by the core and every backend, each with its errno.
 
-Backends raise these (never OSError with a guessed errno, never pyfuse3 errors); the FUSE layer
-turns them into an errno with :func:`errno_of` and nowhere else.
+Backends raise these (never OSError with a guessed errno, never pyfuse3 errors). Each class
+carries the errno it stands for (``errno``); the FUSE layer (``fs.fuse_op``) replies with it,
+and with EIO for anything untyped, in one place.
 """
 
 from __future__ import annotations
@@ -91,11 +92,3 @@ class NotSupported(RucioFsError):
 
     errno = errno.ENOTSUP
 
-
-def errno_of(exc: BaseException) -> int:
-    """The errno a FUSE reply carries for ``exc``: the typed error's own, EIO for anything else."""
-    if isinstance(exc, RucioFsError):
-        return exc.errno
-    if isinstance(exc, OSError) and exc.errno:
-        return exc.errno
-    return errno.EIO
