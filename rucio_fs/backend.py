@@ -86,6 +86,12 @@ class Entry:
         return self.kind is Kind.DIR
 
 
+def content_version(entry: Entry) -> str:
+    """What identifies a file's bytes: the backend's version, else size and mtime (the data
+    cache and the kernel's page cache are keyed on it)."""
+    return entry.version or f"{entry.size}@{entry.mtime_ns}"
+
+
 #: The longest file name, in bytes, Linux accepts (``statfs`` says so as ``f_namemax``).
 NAME_MAX = 255
 

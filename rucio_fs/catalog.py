@@ -20,10 +20,10 @@ from typing import Any, Protocol
 import trio
 
 from .accounting import BackendCalls
-from .backend import Backend, Capability, Entry, FsUsage, Kind, Upload
+from .backend import Backend, Capability, Entry, FsUsage, Kind, Upload, content_version
 from .caches import CacheLayer, Listing, ttl_cache
 from .config import MountConfig
-from .datapath import DataPath, content_version
+from .datapath import DataPath
 from .disk_cache import DiskCache
 from .errors import IntegrityError, NotADirectory, NotFound, RucioFsError, Unavailable
 from .stats import Stats
@@ -262,14 +262,14 @@ class Catalog:
         return entry
 
     async def set_mtime(self, path: str, entry: Entry, mtime_ns: int, now: bool) -> Entry:
-        new = await self.calls.timed("set_mtime",
-                               lambda: self.backend.set_mtime(path, entry, mtime_ns, now))
+        new = await self.calls.timed(
+            "set_mtime", lambda: self.backend.set_mtime(path, entry, mtime_ns, now))
         self.note_entry(path, new)
         return new
 
     async def set_xattr(self, path: str, entry: Entry, name: str, value: bytes | None) -> Entry:
-        new = await self.calls.timed("setxattr",
-                               lambda: self.backend.set_xattr(path, entry, name, value))
+        new = await self.calls.timed(
+            "setxattr", lambda: self.backend.set_xattr(path, entry, name, value))
         self.note_entry(path, new)
         return new
 
@@ -286,7 +286,7 @@ class Catalog:
 
     async def commit_upload(self, upload: Upload, size: int) -> Entry:
         return await self.calls.timed("commit_upload", lambda: upload.commit(size),
-                                extra_seconds=upload.commit_seconds())
+                                      extra_seconds=upload.commit_seconds())
 
     async def confirm(self, path: str, sent: Entry) -> Entry:
         """What the server holds at ``path`` after an upload that returned ``sent``

@@ -13,20 +13,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from .accounting import BackendCalls
-from .backend import Entry
+from .backend import Entry, content_version
 from .budget import Shares
 from .caches import CacheLayer, byte_cache
 from .config import MountConfig
 from .disk_cache import DiskCache
+from .prefetch import Prefetcher
 from .stats import Stats
-
-if TYPE_CHECKING:
-    from .prefetch import Prefetcher
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +33,6 @@ DISK_QUEUE_BLOCKS = 32
 
 #: ``fetch(handle, offset, size)``: exactly those bytes from the backend, counted.
 Fetch = Callable[[Any, int, int], Awaitable[bytes]]
-
-
-def content_version(entry: Entry) -> str:
-    """What identifies a file's bytes: the backend's version, else size and mtime."""
-    return entry.version or f"{entry.size}@{entry.mtime_ns}"
 
 
 class DataPath:
@@ -67,8 +60,6 @@ class DataPath:
     def stream(self, path: str, entry: Entry, handle: Any,
                nursery: trio.Nursery | None) -> ReadStream:
         """The reads of one open handle (with read-ahead when a nursery is given)."""
-        from .prefetch import Prefetcher
-
         prefetcher = None
         if self.config.data and self.config.prefetch_max_bytes and nursery is not None:
             window = max(1, self.config.prefetch_max_bytes // self.config.block_size)

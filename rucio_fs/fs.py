@@ -21,12 +21,12 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from .backend import NAME_MAX, Capability, Entry
+from .backend import NAME_MAX, Capability, Entry, content_version
 from .budget import Shares
 from .caches import Listing
 from .catalog import Catalog, child_path
 from .config import MountConfig
-from .datapath import ReadStream, content_version
+from .datapath import ReadStream
 from .errors import (
     AlreadyExists,
     IntegrityError,

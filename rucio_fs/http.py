@@ -18,6 +18,7 @@ shorter), retrying dropped connections, stalls and 5xx with backoff a bounded nu
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import logging
@@ -31,7 +32,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 import httpx
@@ -122,17 +123,9 @@ def status_error(status: int, what: str, detail: str = "") -> RucioFsError:
     return Unavailable(message)
 
 
-class Authenticator(Protocol):
-    """How an :class:`ApiClient` authenticates. ``refresh`` is called once after a 401 with
-    the headers the refused request carried."""
-
-    async def headers(self) -> dict[str, str]: ...
-
-    async def refresh(self, sent: Mapping[str, str]) -> None: ...
-
-
 class TokenAuth(ABC):
-    """An :class:`Authenticator` whose credential is one renewable token (Rucio's, iRODS's).
+    """How an :class:`ApiClient` or a :class:`RangeReader` authenticates: one renewable token
+    (Rucio's, iRODS's).
 
     The token is renewed ahead of its expiry (``margin`` before, at most half its lifetime)
     and once the server refuses it. Callers that found the same token stale share one renewal
@@ -202,7 +195,7 @@ class ApiClient:
 
     def __init__(self, base_url: str, *, verify: ssl.SSLContext | bool = True,
                  timeout: float = 30.0, retry: RetryPolicy | None = None,
-                 auth: Authenticator | None = None,
+                 auth: TokenAuth | None = None,
                  describe: Callable[[httpx.Response], str] | None = None,
                  headers: dict[str, str] | None = None,
                  signer: httpx.Auth | None = None) -> None:
@@ -418,17 +411,15 @@ class RangeReader:
         ``Range`` header is sent and a 200 answer is the range's bytes. With an ``auth``, a
         refused token is renewed once and the read tried again."""
         token = self.auth.token if self.auth is not None else ""
+        read = functools.partial(self.read_blocking, url, offset, size, headers, range_in_url)
         try:
-            return await trio.to_thread.run_sync(self.read_blocking, url, offset, size,
-                                                 headers, range_in_url, limiter=self._limiter,
+            return await trio.to_thread.run_sync(read, limiter=self._limiter,
                                                  abandon_on_cancel=True)
         except Unauthorized:
             if self.auth is None:
                 raise
         await self.auth.renew(token, refused=True)
-        return await trio.to_thread.run_sync(self.read_blocking, url, offset, size, headers,
-                                             range_in_url, limiter=self._limiter,
-                                             abandon_on_cancel=True)
+        return await trio.to_thread.run_sync(read, limiter=self._limiter, abandon_on_cancel=True)
 
     def close(self) -> None:
         self._pool.close()

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from .errors import IntegrityError
+
+if TYPE_CHECKING:
+    from .inodes import Inode
 
 #: Checksum names as catalogs spell them, in order of preference (cheapest first).
 ALGORITHMS = ("adler32", "md5", "sha256", "sha512", "sha1")
@@ -186,13 +190,13 @@ class Verification:
     ``verifier`` live on the inode.
     """
 
-    def __init__(self, enabled: bool, reorder_bytes: int, events: Any) -> None:
+    def __init__(self, enabled: bool, reorder_bytes: int, events: Counter[str]) -> None:
         self.enabled = enabled
         #: What one verifier's reorder buffer may hold (the memory limit's share).
         self.reorder_bytes = reorder_bytes
         self.events = events
 
-    def join(self, node: Any, checksums: Mapping[str, str], size: int, version: str,
+    def join(self, node: Inode, checksums: Mapping[str, str], size: int, version: str,
              nursery: trio.Nursery | None) -> StreamVerifier | None:
         """The verifier a new reader of ``version`` of ``node`` feeds, hashing in
         ``nursery`` (None: nothing to verify, already verified, or nowhere to hash)."""
@@ -208,7 +212,7 @@ class Verification:
         verifier.users += 1
         return verifier
 
-    async def feed(self, node: Any, verifier: StreamVerifier, offset: int,
+    async def feed(self, node: Inode, verifier: StreamVerifier, offset: int,
                    data: bytes | memoryview) -> bool:
         """Bytes a reader got; IntegrityError when they complete a pass that did not match.
         True when bytes were dropped unhashed: the kernel must forget the file's pages."""
@@ -220,7 +224,7 @@ class Verification:
             return True
         return False
 
-    async def leave(self, node: Any, verifier: StreamVerifier) -> None:
+    async def leave(self, node: Inode, verifier: StreamVerifier) -> None:
         """A reader is gone; after the last, settle the pass and count its verdict."""
         verifier.users -= 1
         if verifier.users:

@@ -10,13 +10,15 @@ daemon never holds more than the data cache plus that budget.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .backend import Entry
-from .datapath import DataPath, content_version
+from .backend import Entry, content_version
 from .errors import RucioFsError
+
+if TYPE_CHECKING:
+    from .datapath import DataPath
 
 log = logging.getLogger(__name__)
 
