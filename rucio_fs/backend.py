@@ -215,6 +215,13 @@ class Backend(ABC):
         """Forget the backend's own metadata caches; called when the metadata layer is
         dropped, so that "cold" means cold for every backend."""
 
+    def shared_identity(self) -> str | None:
+        """Who this mount is to the catalog, as the shared tier's keys name it: the catalog's
+        address and the account or user whose view it lists — everything that can change
+        what a listing shows, never a secret. Two mounts share listings and stats exactly when
+        their identities are equal. None (the default): nothing is shared."""
+        return None
+
     def lists_everything(self, path: str) -> bool:
         """Whether ``list(path)`` names every child of directory ``path`` (the default).
 

@@ -13,6 +13,7 @@ catalog's :class:`Overlay`. Paths are catalog paths (see :mod:`rucio_fs.backend`
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -25,12 +26,21 @@ from .caches import CacheLayer, Listing, ttl_cache
 from .config import MountConfig
 from .datapath import DataPath
 from .disk_cache import DiskCache
-from .errors import IntegrityError, NotADirectory, NotFound, RucioFsError, Unavailable
+from .errors import (
+    IntegrityError,
+    InvalidInput,
+    NotADirectory,
+    NotFound,
+    RucioFsError,
+    Unavailable,
+)
+from .redis_client import Redis, RedisAddress
+from .shared import SharedTier, Sink
 from .stats import Stats
 
 log = logging.getLogger(__name__)
 
-LAYERS = ("kernel", "metadata", "listing", "data", "disk")
+LAYERS = ("kernel", "metadata", "listing", "data", "disk", "shared")
 
 #: Cached in the metadata layer for a path that does not exist (a negative entry).
 _MISSING = Entry(name="", kind=Kind.FILE)
@@ -78,6 +88,7 @@ class Catalog:
                 return config.negative_ttl
             return config.immutable_ttl if entry.immutable else config.metadata_ttl
 
+        self._metadata_ttl = metadata_ttl
         self.metadata: CacheLayer[Entry] = CacheLayer(
             "metadata", config.metadata,
             ttl_cache(config.metadata_max_entries, metadata_ttl), stats)
@@ -97,8 +108,18 @@ class Catalog:
         self.overlay: Overlay = _NoOverlay()
         #: Listings being fetched, shared by everyone who opens the directory meanwhile.
         self._filling: dict[str, Listing] = {}
-        #: Where listings are fetched in the background; set by the daemon (None: in line).
+        #: Where listings are fetched and the shared tier is told of changes in the
+        #: background; set by the daemon (None: in line).
         self.nursery: trio.Nursery | None = None
+        #: Listings and stats shared with other mounts (``--shared-cache``), else None.
+        self.shared: SharedTier | None = None
+        if config.shared:
+            identity = backend.shared_identity()
+            if identity is None:
+                raise InvalidInput(f"{backend.scheme}://: this backend names no identity to "
+                                   "share listings under (no --shared-cache)")
+            redis = Redis(RedisAddress.parse(config.shared_cache), config.shared_timeout)
+            self.shared = SharedTier(redis, identity, stats)
         backend.use_caches(config.metadata)
 
     async def stat(self, path: str) -> Entry:
@@ -111,13 +132,20 @@ class Catalog:
                 entry = listing.by_name.get(name)
                 if entry is None and self.backend.lists_everything(parent):
                     entry = _MISSING
+        if entry is None and self.shared is not None:
+            found, shared = await self.shared.get_entry(path)
+            if found:
+                entry = shared or _MISSING
+                self.metadata.put(path, entry)
         if entry is None:
             try:
                 entry = await self.calls.shared("stat", path, lambda: self.backend.stat(path))
             except NotFound:
                 self.metadata.put(path, _MISSING)
+                await self._share_entry(path, _MISSING)
                 raise
             self.metadata.put(path, entry)
+            await self._share_entry(path, entry)
         if entry is _MISSING:
             raise NotFound(path)
         return entry
@@ -145,17 +173,41 @@ class Catalog:
             raise listing.error
         return listing
 
-    async def _fill(self, path: str, listing: Listing) -> None:
-        """Fetch the listing of ``path`` into ``listing``; cache it once complete."""
+    async def _share_entry(self, path: str, entry: Entry) -> None:
+        """Tell the shared tier what ``stat`` found, in the background."""
+        if self.shared is not None:
+            found = None if entry is _MISSING else entry
+            await self._background(self.shared.put_entry, path, found, self._metadata_ttl(entry))
 
-        async def fetch() -> None:
-            async for entry in self.backend.list(path):
-                listing.add(entry)
+    async def _background(self, fn: Any, *args: Any) -> None:
+        if self.nursery is not None:
+            self.nursery.start_soon(fn, *args)
+        else:
+            await fn(*args)
+
+    async def _fill(self, path: str, listing: Listing) -> None:
+        """Fetch the listing of ``path`` into ``listing`` (through the shared tier, if any);
+        cache it once complete."""
+
+        async def from_backend(sink: Sink) -> None:
+            async def fetch() -> None:
+                async for entry in self.backend.list(path):
+                    sink(entry)
+
+            await self.calls.timed("list", fetch)
 
         try:
-            await self.calls.timed("list", fetch)
+            if self.shared is not None:
+                await self.shared.fill(path, listing, from_backend, self.config.listing_ttl,
+                                       self.calls.timeout, self.nursery)
+            else:
+                await from_backend(listing.add)
         except RucioFsError as exc:
             listing.finish(exc)
+            return
+        except Exception as exc:  # a bug here must cost this listing, not the mount
+            log.error("listing %s failed unexpectedly: %r", path, exc, exc_info=True)
+            listing.finish(Unavailable(f"listing {path} failed unexpectedly: {exc!r}"))
             return
         except BaseException:
             listing.finish(Unavailable(f"listing {path} was cancelled"))
@@ -301,6 +353,7 @@ class Catalog:
         parent, name = split_path(path)
         listing = self.listing.peek(parent)
         self.xattr_cache.discard(path)
+        self._unshare(path, parent)
         if entry is None:
             self.metadata.put(path, _MISSING)
             if listing is not None:
@@ -310,6 +363,13 @@ class Catalog:
             if listing is not None:
                 listing.upsert(entry)
 
+    def _unshare(self, *paths: str) -> None:
+        """Other mounts must ask the backend, not the shared tier, for ``paths`` (stats and
+        listings) after a change made here (told in the daemon's background)."""
+        if self.shared is not None and self.nursery is not None:
+            self.nursery.start_soon(functools.partial(self.shared.forget, *paths,
+                                                      listings=paths))
+
     def new_directory(self, path: str, entry: Entry) -> None:
         self.note_entry(path, entry)
         self.listing.put(path, Listing([]))
@@ -317,10 +377,17 @@ class Catalog:
     def forget_tree(self, path: str) -> None:
         """Forget cached metadata and listings of ``path`` and everything below it."""
         below = path.rstrip("/") + "/"
+        self._unshare(path)
         for layer in (self.metadata, self.listing):
             for key in layer.cached_keys():
                 if key == path or key.startswith(below):
                     layer.discard(key)
+
+    async def aclose(self) -> None:
+        """Release the backend's and the shared tier's connections (at unmount)."""
+        if self.shared is not None:
+            await self.shared.aclose()
+        await self.backend.aclose()
 
     def drop(self, layers: Iterable[str]) -> None:
         """Empty the named user-space layers (the kernel layer is the FUSE layer's job)."""

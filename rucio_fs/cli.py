@@ -45,7 +45,7 @@ class _Size(click.ParamType):
 
 DURATION, SIZE = _Duration(), _Size()
 _KINDS: dict[str, Any] = {"duration": DURATION, "size": SIZE, "count": int,
-                          "path": click.Path(file_okay=False)}
+                          "path": click.Path(file_okay=False), "text": str}
 
 
 def config_options(command: Any) -> Any:
@@ -57,9 +57,10 @@ def config_options(command: Any) -> Any:
         if kind in ("flag", "layer"):
             option = click.option(flag, *aliases, spec.name, is_flag=True, help=text)
         else:
-            default = spec.default if kind != "path" else None
+            default = spec.default if kind not in ("path", "text") else None
             option = click.option(flag, *aliases, spec.name, type=_KINDS[kind],
-                                  default=default, show_default=kind != "path", help=text)
+                                  default=default, show_default=default is not None,
+                                  help=text)
         command = option(command)
     return command
 

@@ -8,12 +8,13 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from .errors import InvalidInput
+from .redis_client import RedisAddress
 
 
 def _option(flag: str, help: str = "", kind: str = "", *aliases: str) -> dict[str, Any]:
     """The ``mount`` option of a field (``kind``: ``flag`` (the option turns the field off),
-    ``duration``, ``size``, ``count``, ``path``; a field of a cache layer switch is turned off
-    by ``--cold`` too). ``rucio_fs.cli`` makes the options from these."""
+    ``duration``, ``size``, ``count``, ``path``, ``text``; a field of a cache layer switch is
+    turned off by ``--cold`` too). ``rucio_fs.cli`` makes the options from these."""
     return {"option": (flag, *aliases), "help": help, "kind": kind}
 
 
@@ -23,7 +24,8 @@ class MountConfig:
 
     Layers: kernel (entry/attr/negative timeouts, page cache across opens), metadata (stat
     results), listing (whole directory listings), data (blocks in memory), disk (blocks on
-    disk, across remounts; only with ``disk_dir``), plus coalescing of
+    disk, across remounts; only with ``disk_dir``), shared (listings and stats in Redis, shared
+    with other mounts; only with ``shared_cache``), plus coalescing of
     concurrent identical backend calls. ``attr_window`` is not a cache layer: attributes a
     listing or stat just returned answer the kernel's follow-up lookup/getattr for that long, so
     one ``ls -l`` costs one listing even with every layer off (0 reproduces per-entry stats).
@@ -91,6 +93,14 @@ class MountConfig:
         "--cache-free-floor", "Free space the disk layer always leaves.", "size"))
     #: Where files being written are staged (default: ``staging/`` in the cache directory,
     #: else ``rucio-fs-<uid>/staging`` in the temporary directory).
+    #: The shared tier (off unless given): listings, stats and negative entries in Redis,
+    #: shared by every mount of the same catalog identity (see rucio_fs.shared).
+    shared_cache: str = field(default="", metadata=_option(
+        "--shared-cache", "Share listings and stats with other mounts through Redis: "
+        "redis://[user:pass@]HOST:PORT/DB (rediss:// for TLS). Off by default.", "text"))
+    shared_timeout: float = field(default=0.05, metadata=_option(
+        "--shared-timeout", "Longest one shared-cache call may take before the mount works "
+        "without it.", "duration"))
     staging_dir: str = field(default="", metadata=_option(
         "--staging-dir", "Where files being written wait for their upload (default: staging/ "
         "in --cache-dir, else in the temporary directory).", "path"))
@@ -109,10 +119,18 @@ class MountConfig:
                 value = not (value or (cold and kind == "layer"))
             elif kind == "path":
                 value = os.path.abspath(value) if value else ""
+            elif kind == "text":
+                value = value or ""
             settings[spec.name] = value
         if cold or no_disk_cache:
             settings["disk_dir"] = ""
+        if cold:
+            settings["shared_cache"] = ""
         return cls(**settings).check()
+
+    @property
+    def shared(self) -> bool:
+        return bool(self.shared_cache)
 
     @property
     def disk(self) -> bool:
@@ -127,6 +145,10 @@ class MountConfig:
                      "listing_ttl", "attr_window"):
             if getattr(self, name) < 0:
                 raise InvalidInput(f"{name.replace('_', '-')} must not be negative")
+        if self.shared_cache:
+            RedisAddress.parse(self.shared_cache)
+        if not 0 < self.shared_timeout <= 10:
+            raise InvalidInput("shared-timeout must be positive and at most 10 s")
         if self.backend_timeout <= 0:
             raise InvalidInput("timeout must be positive")
         if not 4096 <= self.block_size <= 64 << 20 or self.block_size & (self.block_size - 1):

@@ -269,7 +269,7 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
                 writeback.nursery = nursery
                 await writeback.shutdown()
         await catalog.data_path.flush_disk_writes()
-        await backend.aclose()
+        await catalog.aclose()
         log.info("unmounted %s", req.mountpoint)
 
 
@@ -345,7 +345,10 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
                 raise InvalidInput(f"unknown cache layer(s): {', '.join(sorted(unknown))}")
             ops.drop_caches(layers)
             invalidated = await ops.drop_kernel_cache() if "kernel" in layers else 0
-            return {"layers": layers, "kernel_inodes_invalidated": invalidated}
+            shared = ops.catalog.shared
+            forgotten = await shared.forget_mine() if shared and "shared" in layers else 0
+            return {"layers": layers, "kernel_inodes_invalidated": invalidated,
+                    "shared_keys_deleted": forgotten}
         if op == "uploads":
             writes = ops.writes
             if writes is None:

@@ -430,3 +430,73 @@ def irods_server() -> Iterator[IrodsServer]:
         if server.process is not None:
             server.process.terminate()
             server.process.wait(timeout=10)
+
+
+REDIS_SCRIPT = REPO / "scripts" / "servers" / "redis.sh"
+
+
+@dataclass
+class RedisServer:
+    """A Redis started by ``scripts/servers/redis.sh`` (stopped by PID, restartable)."""
+
+    base: Path
+    port: int
+    env: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        result = subprocess.run(["bash", str(REDIS_SCRIPT), "start", str(self.base)],
+                                capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "REDIS_PORT": str(self.port), **self.env})
+        if result.returncode != 0:
+            raise RuntimeError(f"Redis did not start:\n{result.stderr[-3000:]}")
+
+    def stop(self) -> None:
+        subprocess.run(["bash", str(REDIS_SCRIPT), "stop", str(self.base)], timeout=60)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crashed Redis."""
+        pid = int((self.base / "redis.pid").read_text())
+        os.kill(pid, 9)
+        while os.path.exists(f"/proc/{pid}") and "Z" not in _proc_state(pid):
+            time.sleep(0.01)
+        (self.base / "redis.pid").unlink()
+
+    def cli(self, *args: str, input: str | None = None) -> str:
+        return subprocess.run(["redis-cli", "-p", str(self.port), *args], check=True,
+                              capture_output=True, text=True, timeout=30, input=input).stdout
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"
+
+
+@contextmanager
+def redis_instance(base: Path, **env: str) -> Iterator[RedisServer]:
+    server = RedisServer(base, free_ports(1)[0], env)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """The shared tier's Redis for the whole session (tests use their own key identities or
+    flush it)."""
+    with redis_instance(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis only this test uses (to kill, fill or restart)."""
+    with redis_instance(tmp_path / "redis") as server:
+        yield server

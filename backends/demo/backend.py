@@ -9,7 +9,8 @@ Tree::
     /faults/...                                            only with ?faults=1 (see FAULTS)
 
 URL options: ``latency=20ms`` sleeps that long in every request but open (a network round
-trip);
+trip); ``page=1000`` lists in pages of that many entries, each page a request (as paged
+catalogs such as S3 and iRODS do);
 ``faults=1`` adds ``/faults`` whose files fail in typed (and one untyped) ways, and makes
 ``statfs`` hang. The backend
 counts its requests by kind (``counters()``) so tests can assert what an operation cost.
@@ -95,9 +96,10 @@ class DemoBackend(Backend):
     scheme: ClassVar[str] = "demo"
     description: ClassVar[str] = "deterministic demo catalog (no server): demo://[?latency=20ms]"
 
-    def __init__(self, latency: float = 0.0, faults: bool = False) -> None:
+    def __init__(self, latency: float = 0.0, faults: bool = False, page: int = 0) -> None:
         self.latency = latency
         self.faults = faults
+        self.page = page
         self.requests: Counter[str] = Counter()
         self._listings: dict[str, tuple[Entry, ...]] = {}
 
@@ -106,10 +108,13 @@ class DemoBackend(Backend):
         parts = urlsplit(url)
         if parts.netloc or parts.path not in ("", "/"):
             raise InvalidInput(f"demo URL takes no host or path: {url!r} (use demo://)")
-        options = url_options(parts.query, ("latency", "faults"), cls.scheme)
+        options = url_options(parts.query, ("latency", "faults", "page"), cls.scheme)
         latency = parse_duration(options.get("latency", "0"))
         faults = options.get("faults", "").lower() in ("1", "true", "yes", "on")
-        return cls(latency, faults)
+        page = options.get("page", "0")
+        if not page.isdigit():
+            raise InvalidInput(f"demo option page={page!r}: expected a number of entries")
+        return cls(latency, faults, int(page))
 
     async def _request(self, kind: str, round_trip: bool = True) -> None:
         self.requests[kind] += 1
@@ -181,7 +186,9 @@ class DemoBackend(Backend):
         entries = self._children(path)
         if self.faults and path == "/faults/broken-listing":
             entries = (_small(1), _small(2))
-        for entry in entries:
+        for number, entry in enumerate(entries):
+            if self.page and number and number % self.page == 0:
+                await self._request("list_page")
             yield entry
         self._inject(path, "list")  # fails after some entries: a stream broken mid-way
 
@@ -214,6 +221,9 @@ class DemoBackend(Backend):
             await trio.sleep_forever()
         total = sum(LS_SIZES) * SMALL_SIZE + 6 * DATASET_FILES * SMALL_SIZE + BIG_SIZE
         return FsUsage(total_bytes=total, free_bytes=0, files=sum(LS_SIZES) + 601)
+
+    def shared_identity(self) -> str:
+        return f"demo faults={int(self.faults)}"
 
     def counters(self) -> Mapping[str, int]:
         return dict(self.requests)

@@ -585,6 +585,10 @@ class IrodsBackend(Backend):
                          operations=json.dumps(operations))
         return entry
 
+    def shared_identity(self) -> str:
+        s = self.settings
+        return f"irods {s.host}:{s.port} zone={s.zone} user={s.user} root={s.root}"
+
     def counters(self) -> Mapping[str, int]:
         counters = client_counters(self.api, self.reader) + self.counters_extra
         if self.auth is not None:

@@ -456,6 +456,11 @@ class RucioBackend(Backend):
                 attrs[f"rucio.meta.{key}"] = str(value)
         return {key: value.encode() for key, value in attrs.items()}
 
+    def shared_identity(self) -> str:
+        s = self.settings
+        return (f"rucio {s.rucio_host} vo={s.vo} account={s.account} "
+                f"root=/{'/'.join(s.root)}")
+
     def counters(self) -> Mapping[str, int]:
         return {
             **{f"api_{k}": v for k, v in self.api.counters.items()},

@@ -491,6 +491,13 @@ class S3Backend(Backend):
             raise NotPermitted(f"{path}: S3 stores only the time of the upload")
         return await self._copy_in_place(path, entry, {})
 
+    def shared_identity(self) -> str:
+        """Endpoint, bucket, prefix and access key ID (an ID, not the secret): what a
+        listing shows depends on all four."""
+        s = self.settings
+        key = getattr(self._credentials, "access_key", None) or "anonymous"
+        return f"s3 {s.endpoint_url} bucket={s.bucket} prefix={s.prefix} key={key}"
+
     def counters(self) -> Mapping[str, int]:
         counters = client_counters(self.api, self.reader) + self.counters_extra
         return counters
