@@ -222,6 +222,13 @@ class Backend(ABC):
         their identities are equal. None (the default): nothing is shared."""
         return None
 
+    def use_data_proxy(self, url: str) -> None:
+        """Send file reads through the caching HTTP proxy at ``url`` (``--data-proxy``; see
+        :func:`rucio_fs.http.through_proxy`). Called once before mounting. The default
+        refuses: only a backend whose reads are plain HTTP ranges of URLs that name the
+        content (not the reader) may be cached by a proxy shared between users."""
+        raise NotSupported(f"{self.scheme}: reads cannot go through a data proxy")
+
     def lists_everything(self, path: str) -> bool:
         """Whether ``list(path)`` names every child of directory ``path`` (the default).
 

@@ -31,6 +31,7 @@ from .errors import (
     InvalidInput,
     NotADirectory,
     NotFound,
+    NotSupported,
     RucioFsError,
     Unavailable,
 )
@@ -120,6 +121,11 @@ class Catalog:
                                    "share listings under (no --shared-cache)")
             redis = Redis(RedisAddress.parse(config.shared_cache), config.shared_timeout)
             self.shared = SharedTier(redis, identity, stats)
+        if config.data_proxy:
+            try:
+                backend.use_data_proxy(config.data_proxy)
+            except NotSupported as exc:
+                raise InvalidInput(f"--data-proxy: {exc}") from None
         backend.use_caches(config.metadata)
 
     async def stat(self, path: str) -> Entry:

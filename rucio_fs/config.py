@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from .errors import InvalidInput
 from .redis_client import RedisAddress
@@ -101,6 +102,10 @@ class MountConfig:
     shared_timeout: float = field(default=0.05, metadata=_option(
         "--shared-timeout", "Longest one shared-cache call may take before the mount works "
         "without it.", "duration"))
+    #: Where HTTP reads go (off unless given): a caching proxy shared by the site's mounts.
+    data_proxy: str = field(default="", metadata=_option(
+        "--data-proxy", "Read file data through this caching HTTP proxy (http://HOST:PORT; "
+        "see containers/data-proxy). Rucio and S3 only.", "text"))
     staging_dir: str = field(default="", metadata=_option(
         "--staging-dir", "Where files being written wait for their upload (default: staging/ "
         "in --cache-dir, else in the temporary directory).", "path"))
@@ -147,6 +152,10 @@ class MountConfig:
                 raise InvalidInput(f"{name.replace('_', '-')} must not be negative")
         if self.shared_cache:
             RedisAddress.parse(self.shared_cache)
+        if self.data_proxy:
+            proxy = urlsplit(self.data_proxy)
+            if proxy.scheme not in ("http", "https") or not proxy.hostname or proxy.query:
+                raise InvalidInput(f"data proxy {self.data_proxy!r}: expected http://HOST:PORT")
         if not 0 < self.shared_timeout <= 10:
             raise InvalidInput("shared-timeout must be positive and at most 10 s")
         if self.backend_timeout <= 0:

@@ -139,8 +139,10 @@ class Redis:
                 ssl.SSLError, hiredis.ProtocolError, RedisDown) as exc:
             if connection is not None:
                 await _close(connection)
-            self._failed(exc)
-            raise RedisDown(str(exc) or type(exc).__name__) from None
+            reason = (f"no answer within {self.timeout * 1000:g} ms"
+                      if isinstance(exc, trio.TooSlowError) else str(exc) or type(exc).__name__)
+            self._failed(reason)
+            raise RedisDown(reason) from None
         except BaseException:
             if connection is not None:  # cancelled mid-reply: the stream is out of step
                 await _close(connection)
@@ -153,7 +155,7 @@ class Redis:
             await _close(connection)
         for reply in replies:
             if isinstance(reply, hiredis.ReplyError):
-                self._failed(reply)
+                self._failed(f"Redis replied: {reply}")
                 raise RedisDown(f"Redis replied: {reply}")
         self._succeeded()
         return replies
@@ -180,14 +182,14 @@ class Redis:
                     raise RedisDown(f"Redis refused the connection: {reply}")
         return connection
 
-    def _failed(self, exc: BaseException) -> None:
+    def _failed(self, reason: str) -> None:
         self.failures += 1
         self._down_until = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, MAX_BACKOFF)
         if not self._down:
             self._down = True
             log.warning("shared cache %s failed (%s): working without it until it answers",
-                        self.address, exc or type(exc).__name__)
+                        self.address, reason)
 
     def _succeeded(self) -> None:
         self._backoff = FIRST_BACKOFF

@@ -47,6 +47,8 @@ LEASE_SECONDS = 3.0
 #: Most entries in one chunk, and how long the publisher gathers entries into one.
 CHUNK_ENTRIES = 1000
 GATHER_SECONDS = 0.005
+#: Most chunks one read asks for (a short reply keeps every call within the tier's timeout).
+READ_CHUNKS = 4
 #: Longest pause between a follower's polls.
 MAX_POLL = 0.01
 #: Keys this mount remembers having written (for ``cache drop --layer shared``).
@@ -364,14 +366,20 @@ class SharedTier:
         return None
 
     async def _read(self, token: str, path: str, sink: Sink, pointer: bytes) -> bool:
-        """A completed listing; False (and the pointer forgotten) when its chunks are gone
-        or do not end with a matching marker."""
+        """A completed listing, fed to ``sink`` once it proved complete; False (and the
+        pointer forgotten) when its chunks are gone or do not end with a matching marker."""
         chunks_key = self.chunks_key(token, path)
+        entries: list[Entry] = []
+        seen = [0, 0]
         try:
-            [items] = await self.run(("LRANGE", chunks_key, 0, -1))
-            entries: list[Entry] = []
-            if self._consume(items, entries.append, [0, 0]):
-                for entry in entries:  # only once it proved complete
+            while True:
+                [items] = await self.run(
+                    ("LRANGE", chunks_key, seen[1], seen[1] + READ_CHUNKS - 1))
+                done = self._consume(items, entries.append, seen)
+                if done is not None or not items:
+                    break
+            if done:
+                for entry in entries:
                     sink(entry)
                 return True
             await self.run(("EVAL", _DELETE_IF, 1, pointer, token))
@@ -387,15 +395,22 @@ class SharedTier:
         pause = 0.001
         try:
             while True:
-                items, holder = await self.run(("LRANGE", chunks_key, seen[1], -1),
-                                               ("GET", lease))
+                items, holder = await self.run(
+                    ("LRANGE", chunks_key, seen[1], seen[1] + READ_CHUNKS - 1),
+                    ("GET", lease))
                 done = self._consume(items, sink, seen)
                 if done is not None:
                     return done
+                if len(items) == READ_CHUNKS:
+                    continue  # more may be there already
                 if holder != token.encode():
-                    # It may have ended between the two commands: look once more.
-                    [items] = await self.run(("LRANGE", chunks_key, seen[1], -1))
-                    return bool(self._consume(items, sink, seen))
+                    # It may have ended between the two commands: read what is left.
+                    while True:
+                        [items] = await self.run(
+                            ("LRANGE", chunks_key, seen[1], seen[1] + READ_CHUNKS - 1))
+                        done = self._consume(items, sink, seen)
+                        if done is not None or not items:
+                            return bool(done)
                 await trio.sleep(pause)
                 pause = min(pause * 2, MAX_POLL)
         except RedisDown:

@@ -500,3 +500,32 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A Redis only this test uses (to kill, fill or restart)."""
     with redis_instance(tmp_path / "redis") as server:
         yield server
+
+
+PROXY_SCRIPT = REPO / "scripts" / "servers" / "proxy.sh"
+
+
+@dataclass
+class DataProxy:
+    """The data proxy (``containers/data-proxy/nginx.conf``) started by ``proxy.sh``."""
+
+    base: Path
+    url: str
+
+    def log_lines(self) -> list[str]:
+        return (self.base / "access.log").read_text().splitlines()
+
+
+@pytest.fixture
+def data_proxy(tmp_path: Path) -> Iterator[DataProxy]:
+    """A data proxy with an empty cache, for one test."""
+    base = tmp_path / "proxy"
+    port = free_ports(1)[0]
+    result = subprocess.run(["bash", str(PROXY_SCRIPT), "start", str(base)], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "PROXY_PORT": str(port)})
+    if result.returncode != 0:
+        raise RuntimeError(f"the data proxy did not start:\n{result.stderr[-3000:]}")
+    try:
+        yield DataProxy(base, f"http://127.0.0.1:{port}")
+    finally:
+        subprocess.run(["bash", str(PROXY_SCRIPT), "stop", str(base)], timeout=60)

@@ -41,7 +41,7 @@ def mountpoint(tmp_path):
     ("just-a-path", "malformed URL 'just-a-path'"),
     ("demo://host/path", "demo URL takes no host or path"),
     ("demo://?latency=fast", "invalid duration 'fast'"),
-    ("demo://?colour=blue", "unknown demo option(s) colour (known: latency, faults)"),
+    ("demo://?colour=blue", "unknown demo option(s) colour (known: latency, faults, page)"),
 ])
 def test_bad_urls(mountpoint, url, needle):
     assert_one_line_error(run_cli("mount", url, str(mountpoint)), needle)

@@ -25,9 +25,9 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import trio
 from conftest import RedisServer, redis_instance, run_cli, wait_for
+from rucio_fs.backends.demo import DemoBackend
 
 from rucio_fs.backend import Entry, Kind
-from rucio_fs.backends.demo import DemoBackend
 from rucio_fs.catalog import Catalog
 from rucio_fs.config import MountConfig
 from rucio_fs.errors import InvalidInput
@@ -148,7 +148,7 @@ def test_a_dead_holders_partial_listing_is_completed_and_its_phantoms_dropped(re
         assert tier is not None
         token = "0123456789abcdef"
         ghost = Entry("ghost.dat", Kind.FILE, 1)
-        partial = expected()[:500] + [ghost]
+        partial = [*expected()[:500], ghost]
         redis.cli("SET", tier.key("lease", DIR).decode(), token, "PX", "700")
         redis.cli("RPUSH", tier.chunks_key(token, DIR).decode(),
                   FORMAT.decode() + ":" + json.dumps(encode_chunk(partial)))

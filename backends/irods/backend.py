@@ -585,6 +585,13 @@ class IrodsBackend(Backend):
                          operations=json.dumps(operations))
         return entry
 
+    def use_data_proxy(self, url: str) -> None:
+        """Refused: reads are ``op=read&offset&count`` calls of the HTTP API carrying the
+        reader's bearer token, not HTTP ranges of a URL that names the content; a cache
+        keyed on them would hand one user's bytes to another."""
+        raise NotSupported("irods: reads are calls of the iRODS HTTP API under the reader's "
+                           "token, not cacheable HTTP ranges; no data proxy")
+
     def shared_identity(self) -> str:
         s = self.settings
         return f"irods {s.host}:{s.port} zone={s.zone} user={s.user} root={s.root}"

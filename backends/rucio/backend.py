@@ -395,6 +395,11 @@ class RucioBackend(Backend):
     def use_caches(self, enabled: bool) -> None:
         self.resolver.caching = self._caching = enabled
 
+    def use_data_proxy(self, url: str) -> None:
+        """Replica URLs name the file, not the reader: a proxy may cache them (``local=``
+        replicas are read from the local file system, never through it)."""
+        self.reader.via = url
+
     def drop_caches(self) -> None:
         self.resolver.clear()
         self._members.clear()

@@ -130,6 +130,7 @@ class S3Backend(Backend):
         self.api: ApiClient | None = None
         self.reader: RangeReader | None = None
         self._hidden_logged = 0
+        self._data_proxy = ""
         self._etag_scheme_logged = False
 
     @classmethod
@@ -148,7 +149,8 @@ class S3Backend(Backend):
         context = tls_context(ca)
         self.api = ApiClient(self._base, verify=context, timeout=settings.timeout,
                              describe=describe, signer=signer)
-        self.reader = RangeReader(context=context, timeout=settings.timeout)
+        self.reader = RangeReader(context=context, timeout=settings.timeout,
+                                  via=self._data_proxy)
         # One cheap request proves bucket, endpoint and credentials before mounting.
         query = self._query({"list-type": "2", "max-keys": "1", "prefix": settings.prefix})
         try:
@@ -490,6 +492,16 @@ class S3Backend(Backend):
         if not now:
             raise NotPermitted(f"{path}: S3 stores only the time of the upload")
         return await self._copy_in_place(path, entry, {})
+
+    def use_data_proxy(self, url: str) -> None:
+        """Reads are pre-signed GETs with ``If-Match: "<etag>"``: the shipped proxy keys its
+        cache on the object's URL path and that ETag, never the signature (which changes
+        with every signing), so a new version of an object is never served from an old
+        one's bytes. The proxy does not check signatures on a hit: it is for one identity's
+        mounts or public buckets (docs/shared.md)."""
+        self._data_proxy = url
+        if self.reader is not None:
+            self.reader.via = url
 
     def shared_identity(self) -> str:
         """Endpoint, bucket, prefix and access key ID (an ID, not the secret): what a
