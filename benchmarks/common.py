@@ -11,8 +11,10 @@ import http.client
 import json
 import os
 import random
+import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -181,3 +183,52 @@ def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path) -> Iterator[Pat
         yield path
     finally:
         subprocess.run(["fusermount3", "-u", str(path)])
+
+
+SERVERS = Path(__file__).resolve().parent.parent / "scripts" / "servers"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def script_server(name: str, base: Path, **env: str) -> Iterator[dict[str, str]]:
+    """A server of ``scripts/servers/NAME.sh`` (redis, proxy) started in ``base`` and stopped
+    by PID on exit; yields its ``server.env``."""
+    script = SERVERS / f"{name}.sh"
+    subprocess.run(["bash", str(script), "start", str(base)], check=True,
+                   env={**os.environ, **env})
+    try:
+        yield read_env(base / "server.env")
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(base)], check=False)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process now (MiB)."""
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(x for x in f if x.startswith("VmRSS:")).split()[1]) / 1024
+
+
+def concurrently(commands: list[list[str]]) -> list[float]:
+    """Start every command at once; each one's seconds from the common start to its exit."""
+    start = time.perf_counter()
+    procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL) for c in commands]
+    ends: list[float] = [0.0] * len(procs)
+
+    def wait(i: int) -> None:
+        if procs[i].wait() != 0:
+            raise RuntimeError(f"{commands[i]} failed")
+        ends[i] = time.perf_counter() - start
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(len(procs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if not all(ends):
+        raise RuntimeError("a concurrent command failed")
+    return ends

@@ -39,6 +39,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -54,14 +55,18 @@ from pathlib import Path
 import click
 from common import (
     Mount,
+    concurrently,
     drop_page_cache,
+    free_port,
     irods_fake_control,
     md5_prefix,
     random_file,
     rclone_http_mount,
     read_env,
     read_whole,
+    rss_mb,
     s3_peer_mount,
+    script_server,
     small_tree,
     timed,
     tmpfs_twin,
@@ -72,7 +77,8 @@ from rucio_fs.testing.mount import RUCIO_FS
 
 REPO = Path(__file__).resolve().parent.parent
 SERVERS = REPO / "scripts" / "servers"
-EXPERIMENTS = ("ls", "users", "cat", "nfsrods", "local", "peers", "geesefs", "mdtest")
+EXPERIMENTS = ("ls", "users", "cat", "nfsrods", "local", "peers", "geesefs", "mdtest",
+               "mounts")
 WRITE_ONLY = {"geesefs": "GeeseFS small-file and big-write tests need a writable backend",
               "mdtest": "mdtest-like metadata rates need a writable backend"}
 BIG_SIZE = 4_509_715_660
@@ -97,6 +103,8 @@ class Target:
     big_checksummed: bool = True      # the mount verifies the big file's catalog checksum
     writable: str = ""                # URL of an empty writable directory ("": read-only)
     server_env: dict[str, str] = field(default_factory=dict)
+    http_reads: bool = False          # reads are HTTP ranges a data proxy may cache
+    proxy_ca: str = ""                # CA bundle of the storage's https certificate
 
     def not_run(self) -> dict[str, str]:
         return {} if self.writable else WRITE_ONLY
@@ -116,7 +124,8 @@ def rucio_target(server: Path) -> Target:
     storage = f"http://127.0.0.1:{env['DAV_HTTP']}/"
     return Target("rucio", "rucio:///bench?schemes=http", {n: f"ds{n}" for n in sizes},
                   "ds1000", f"big/frame-{BIG_SIZE}.gwf", {"RUCIO_CONFIG": env["RUCIO_CONFIG"]},
-                  storage, storage + str(big.relative_to(Path(env["DAV_ROOT"]))), str(big))
+                  storage, storage + str(big.relative_to(Path(env["DAV_ROOT"]))), str(big),
+                  server_env=env, http_reads=True, proxy_ca=env["CA_CERT"])
 
 
 def small_content(i: int) -> bytes:
@@ -146,7 +155,7 @@ def s3_target(server: Path, sizes: list[int], big_bytes: int) -> Target:
                   "big/frame.gwf", {k: env[k] for k in ("AWS_ACCESS_KEY_ID",
                                                         "AWS_SECRET_ACCESS_KEY", "AWS_REGION")},
                   big_local=str(big), big_size=big_bytes, big_checksummed=False,
-                  writable=f"s3://test/{prefix}-w{endpoint}", server_env=env)
+                  writable=f"s3://test/{prefix}-w{endpoint}", server_env=env, http_reads=True)
 
 
 def irods_target(root: Path, port: int, sizes: list[int], big_bytes: int) -> Target:
@@ -644,6 +653,212 @@ def exp_mdtest(root: Path, target: Target, res: Results, branch: int, depth: int
     res.summary.append("")
 
 
+def _catalog_listings(target: Target, directory: str) -> int | None:
+    """Content listings of ``directory`` in the Rucio server's access log (None elsewhere)."""
+    if target.backend != "rucio":
+        return None
+    needle = f"GET /dids/bench/{directory}/dids "
+    with open(target.server_env["ACCESS_LOG"], errors="replace") as f:
+        return sum(needle in line for line in f)
+
+
+def _list_seconds(mounts: list[Mount]) -> float:
+    """Mean backend listing latency over the mounts' stats (0 when none listed)."""
+    total = count = 0
+    for m in mounts:
+        hist = m.stats()["backend"].get("list", {"latency": {"count": 0, "total_ns": 0}})
+        total += hist["latency"]["total_ns"]
+        count += hist["latency"]["count"]
+    return total / count / 1e9 if count else 0.0
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+def exp_mounts(root: Path, target: Target, res: Results, counts: list[int], repeat: int,
+               proxy_bytes: int) -> None:
+    """RucioFS Figure 2 at its real shape: N separate mounts (daemons) each running ``ls -l``
+    of one cold directory at once, the shared tier (Redis) off and on; catalog listings
+    counted; daemon memory. Then N mounts reading one file through the data proxy: the bytes
+    the storage served."""
+    n = 10_000 if 10_000 in target.dirs else max(target.dirs)
+    rel = target.dirs[n]
+    rows, single, proxied = [], [], []
+    with script_server("redis", root / "redis", REDIS_PORT=str(free_port())) as redis:
+        url = redis["REDIS_URL"]
+
+        def flush() -> None:
+            subprocess.run(["redis-cli", "-p", redis["REDIS_PORT"], "FLUSHALL"], check=True,
+                           stdout=subprocess.DEVNULL)
+
+        for count in progress(counts, "separate mounts"):
+            for tier in (False, True):
+                flush()
+                mounts = [Mount(root, target.url, *(["--shared-cache", url] if tier else []))
+                          for _ in range(count)]
+                try:
+                    res.mount_config(f"mounts_shared_{tier}", mounts[0])
+                    before = sum(m.backend_calls("list") for m in mounts)
+                    logged = _catalog_listings(target, rel)
+                    times = concurrently([["ls", "-l", str(m.path / rel)] for m in mounts])
+                    listings = sum(m.backend_calls("list") for m in mounts) - before
+                    if logged is not None:
+                        time.sleep(0.5)  # gunicorn logs a request once it is answered
+                        logged = (_catalog_listings(target, rel) or 0) - logged
+                    rows.append({"mounts": count, "shared": tier,
+                                 "p50_s": _quantile(times, 0.5), "p95_s": _quantile(times, 0.95),
+                                 "max_s": max(times), "backend_listings": listings,
+                                 "server_listings": "" if logged is None else logged,
+                                 "list_call_s": _list_seconds(mounts),
+                                 "rss_mb": statistics.mean(rss_mb(m.stats()["pid"])
+                                                           for m in mounts)})
+                finally:
+                    for m in mounts:
+                        m.unmount()
+        plain, tiered = Mount(root, target.url), Mount(root, target.url, "--shared-cache", url)
+        try:
+            for _ in progress(range(repeat), "one mount, tier off/on"):
+                for label, m in (("off", plain), ("on", tiered)):
+                    m.drop()
+                    flush()
+                    single.append({"what": f"cold ls -l, tier {label}",
+                                   "seconds": timed(["ls", "-l", str(m.path / rel)])})
+            single += [{"what": "warm ls -l", "seconds": timed(["ls", "-l", str(plain.path / rel)])}
+                       for _ in range(repeat)]
+            timed(["ls", "-l", str(tiered.path / rel)])  # published for the fresh mounts
+            redis_costs = _redis_costs(redis, repeat)
+            for _ in progress(range(repeat), "fresh mounts, listing in Redis"):
+                fresh = Mount(root, target.url, "--shared-cache", url)
+                try:
+                    single.append({"what": "fresh mount, listing in Redis",
+                                   "seconds": timed(["ls", "-l", str(fresh.path / rel)])})
+                finally:
+                    fresh.unmount()
+        finally:
+            plain.unmount()
+            tiered.unmount()
+    if target.http_reads and proxy_bytes:
+        env = {"PROXY_CA": target.proxy_ca} if target.proxy_ca else {}
+        for count in progress(counts, "mounts reading through the data proxy"):
+            with script_server("proxy", root / "proxy", PROXY_PORT=str(free_port()),
+                               **env) as proxy:
+                mounts = [Mount(root, target.url, "--data-proxy", proxy["PROXY_URL"])
+                          for _ in range(count)]
+                try:
+                    drop_page_cache()
+                    times = concurrently([["head", "-c", str(proxy_bytes), str(m.path / target.big)]
+                                          for m in mounts])
+                finally:
+                    for m in mounts:
+                        m.unmount()
+                origin = _origin_bytes(Path(proxy["ACCESS_LOG"]))
+            proxied.append({"mounts": count, "bytes_each": proxy_bytes,
+                            "bytes_read": count * proxy_bytes, "storage_bytes": origin,
+                            "storage_copies": origin / proxy_bytes,
+                            "without_proxy_copies": count, "seconds": max(times),
+                            "MBps_all": count * proxy_bytes / 1e6 / max(times)})
+    res.table("mounts_redis", [redis_costs])
+    _report_mounts(res, target, n, rows, single, proxied)
+
+
+def _redis_costs(redis: dict[str, str], repeat: int) -> dict:
+    """Redis's own work (``INFO commandstats``) for one follower's read of the published
+    listing (LRANGEs of 4 chunks, as the mounts read), and for one poll (an empty LRANGE and
+    a GET)."""
+    import trio
+
+    from rucio_fs.redis_client import Redis, RedisAddress
+
+    def cli(*args: str) -> str:
+        return subprocess.run(["redis-cli", "-p", redis["REDIS_PORT"], *args], check=True,
+                              capture_output=True, text=True).stdout
+
+    def usec(name: str) -> float:
+        for line in cli("INFO", "commandstats").splitlines():
+            if line.startswith(f"cmdstat_{name}:"):
+                return float(line.split("usec=")[1].split(",")[0])
+        return 0.0
+
+    key = next(k for k in cli("--scan", "--pattern", "*|chunks|*").splitlines())
+    chunks = int(cli("LLEN", key))
+
+    async def reads() -> float:
+        client = Redis(RedisAddress.parse(redis["REDIS_URL"]), timeout=10)
+        start = time.perf_counter()
+        for _ in range(repeat):
+            for first in range(0, chunks, 4):
+                await client.run(("LRANGE", key, first, first + 3))
+        elapsed = time.perf_counter() - start
+        await client.aclose()
+        return elapsed / repeat
+
+    cli("CONFIG", "RESETSTAT")
+    before = usec("lrange")
+    client_s = trio.run(reads)
+    per_read = (usec("lrange") - before) / 1e6
+    cli("CONFIG", "RESETSTAT")
+
+    async def polls() -> None:
+        client = Redis(RedisAddress.parse(redis["REDIS_URL"]), timeout=10)
+        for _ in range(200):
+            await client.run(("LRANGE", key, chunks, chunks + 3), ("GET", "rfs1|no|lease"))
+        await client.aclose()
+
+    trio.run(polls)
+    poll_usec = usec("lrange") + usec("get")
+    return {"chunks": chunks, "read_s": per_read / repeat, "poll_s": poll_usec / 200 / 1e6,
+            "client_read_s": client_s}
+
+
+def _origin_bytes(log: Path) -> int:
+    """What the storages served the data proxy: the sum of every logged upstream fetch (each
+    slice is logged, containers/data-proxy/nginx.conf)."""
+    return sum(int(n) for line in log.read_text().splitlines() if "origin_bytes=" in line
+               for n in re.findall(r"\d+", line.rsplit("origin_bytes=", 1)[1]))
+
+
+def _report_mounts(res: Results, target: Target, n: int, rows: list[dict], single: list[dict],
+                   proxied: list[dict]) -> None:
+    res.table("mounts", rows)
+    res.table("mounts_single", single)
+    if proxied:
+        res.table("mounts_proxy", proxied)
+    lines = {}
+    for r in rows:
+        for stat in ("p50_s", "p95_s"):
+            key = f"{stat[:3]}, shared tier {'on' if r['shared'] else 'off'}"
+            lines.setdefault(key, ([], []))
+            lines[key][0].append(r["mounts"])
+            lines[key][1].append(r[stat])
+    plot(res.out / "mounts.png", f"{n} entries, ls -l on N separate mounts ({target.backend})",
+         "mounts (separate daemons)", "seconds per ls -l", lines)
+    median = {w: statistics.median(r["seconds"] for r in single if r["what"] == w)
+              for w in {r["what"] for r in single}}
+    res.summary += [f"## Separate mounts (Figure 2 at its real shape): `ls -l` of {n} entries",
+                    "", "| mounts | shared tier | p50 s | p95 s | catalog listings "
+                    "| server log | daemon RSS MiB |", "|---:|---|---:|---:|---:|---:|---:|"]
+    res.summary += [f"| {r['mounts']} | {'on' if r['shared'] else 'off'} | {r['p50_s']:.3f} | "
+                    f"{r['p95_s']:.3f} | {r['backend_listings']} | {r['server_listings']} | "
+                    f"{r['rss_mb']:.0f} |" for r in rows]
+    off, on = median["cold ls -l, tier off"], median["cold ls -l, tier on"]
+    runs = sum(1 for r in single if r["what"] == "warm ls -l")
+    res.summary += ["", f"One mount (median of {runs}): cold `ls -l` {off:.3f} s without the "
+                    f"tier, {on:.3f} s with it "
+                    f"({100 * (on / off - 1):+.1f} %); a fresh mount whose listing is in Redis "
+                    f"{median['fresh mount, listing in Redis']:.3f} s; warm "
+                    f"{median['warm ls -l']:.3f} s.", ""]
+    if proxied:
+        res.summary += ["Mounts reading the same file through the data proxy:", "",
+                        "| mounts | read each | storage served | copies | without proxy "
+                        "| MB/s all |", "|---:|---:|---:|---:|---:|---:|"]
+        res.summary += [f"| {r['mounts']} | {r['bytes_each'] / 2**20:.0f} MiB | "
+                        f"{r['storage_bytes'] / 2**20:.0f} MiB | {r['storage_copies']:.2f} | "
+                        f"{r['without_proxy_copies']} | {r['MBps_all']:.0f} |" for r in proxied]
+        res.summary.append("")
+
+
 def parse_size(text: str) -> int:
     units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     number, unit = text.rstrip("iBb").rstrip() or "0", ""
@@ -707,6 +922,8 @@ def main() -> int:
                     help="S3 peers for the GeeseFS tests, those installed (s3 backend)")
     ap.add_argument("--mdtest", type=mdtest_shape, default=(6, 4, 8),
                     help="mdtest's -b,-z,-I: branching, depth, items per directory (6,4,8)")
+    ap.add_argument("--max-mounts", type=int, default=16,
+                    help="most separate mounts in the mounts experiment (default 16)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     chosen = [e for e in args.experiments.split(",") if e]
@@ -748,6 +965,9 @@ def main() -> int:
                                            16 << 20 if smoke else args.big_write, peers),
             "mdtest": lambda: exp_mdtest(root, target, res, *((2, 2, 2) if smoke
                                                               else args.mdtest), SMALL),
+            "mounts": lambda: exp_mounts(root, target, res, [1, 2] if smoke else
+                                         [c for c in (1, 2, 4, 8, 16) if c <= args.max_mounts],
+                                         repeat, min(big, 16 << 20 if smoke else 1 << 30)),
         }
         try:
             for name in EXPERIMENTS:

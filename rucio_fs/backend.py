@@ -35,7 +35,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from .errors import NotFound, NotPermitted, NotSupported, Unconfirmed
 
@@ -125,6 +125,18 @@ class FsUsage:
     total_bytes: int = 0
     free_bytes: int = 0
     files: int = 0
+
+
+class SharedValues(Protocol):
+    """Small values a backend shares with every mount of its identity (the shared tier,
+    ``--shared-cache``): e.g. Rucio's resolved replica locations. Values are JSON-able and
+    never secret; a failure of the tier is a miss, never an error."""
+
+    async def get(self, kind: str, key: str) -> Any | None:
+        """The value stored under ``(kind, key)``, or None."""
+
+    async def put(self, kind: str, values: Mapping[str, Any], ttl: float) -> None:
+        """Store ``values`` (key -> value) under ``kind`` for ``ttl`` seconds."""
 
 
 class Upload(ABC):
@@ -221,6 +233,10 @@ class Backend(ABC):
         what a listing shows, never a secret. Two mounts share listings and stats exactly when
         their identities are equal. None (the default): nothing is shared."""
         return None
+
+    def use_shared_values(self, values: SharedValues) -> None:  # noqa: B027 - optional hook
+        """Called once before mounting when the shared tier is on: where the backend may keep
+        its own small shared values (never secrets)."""
 
     def use_data_proxy(self, url: str) -> None:
         """Send file reads through the caching HTTP proxy at ``url`` (``--data-proxy``; see

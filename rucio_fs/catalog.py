@@ -121,6 +121,7 @@ class Catalog:
                                    "share listings under (no --shared-cache)")
             redis = Redis(RedisAddress.parse(config.shared_cache), config.shared_timeout)
             self.shared = SharedTier(redis, identity, stats)
+            backend.use_shared_values(self.shared)
         if config.data_proxy:
             try:
                 backend.use_data_proxy(config.data_proxy)

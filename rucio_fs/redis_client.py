@@ -6,7 +6,10 @@ parser and packer over a trio stream cost 75 µs and 4.4 ms. So the protocol is 
 library's and the sockets are the event loop's.
 
 Contract: :meth:`Redis.run` sends commands as one pipeline and returns their replies in order,
-within ``timeout`` seconds, or raises :class:`RedisDown`. A failure opens a *breaker*: for a
+or raises :class:`RedisDown`. ``timeout`` bounds Redis's *silence*: connecting, sending, and
+every wait for more of the reply must each progress within it (a large reply that keeps
+arriving is not cut off because this event loop was busy elsewhere for a moment), and a whole
+call never takes more than :data:`CALL_LIMIT` timeouts. A failure opens a *breaker*: for a
 back-off that doubles up to :data:`MAX_BACKOFF` every call fails at once, without waiting on a
 server that just failed, so no FUSE request pays the timeout twice in a row. The first failure
 and the recovery are logged once each. Error replies (``OOM``, a wrong type) raise
@@ -33,6 +36,10 @@ log = logging.getLogger(__name__)
 #: Longest the breaker stays open after repeated failures.
 MAX_BACKOFF = 5.0
 FIRST_BACKOFF = 0.5
+#: A call may take this many times the timeout in all, as long as Redis keeps answering.
+CALL_LIMIT = 20
+#: A Redis that keeps failing and recovering logs its failure at most this often.
+LOG_INTERVAL = 60.0
 #: Connections kept open for concurrent callers.
 MAX_IDLE = 8
 
@@ -85,16 +92,20 @@ class _Connection:
         self.stream = stream
         self.reader = hiredis.Reader()
 
-    async def execute(self, commands: Sequence[Command]) -> tuple[list[Any], int, int]:
-        """The replies to ``commands``, and the bytes sent and received."""
+    async def execute(self, commands: Sequence[Command],
+                      silence: float) -> tuple[list[Any], int, int]:
+        """The replies to ``commands``, and the bytes sent and received. Each step (the send,
+        every receive) must make progress within ``silence`` seconds."""
         payload = b"".join(hiredis.pack_command(tuple(c)) for c in commands)
-        await self.stream.send_all(payload)
+        with trio.fail_after(silence):
+            await self.stream.send_all(payload)
         replies: list[Any] = []
         received = 0
         while len(replies) < len(commands):
             reply = self.reader.gets()
             if reply is False:
-                data = await self.stream.receive_some(1 << 20)
+                with trio.fail_after(silence):
+                    data = await self.stream.receive_some(1 << 20)
                 if not data:
                     raise RedisDown("connection closed by Redis")
                 received += len(data)
@@ -116,6 +127,8 @@ class Redis:
         self._down_until = 0.0
         self._backoff = FIRST_BACKOFF
         self._down = False
+        self._quiet_until = 0.0
+        self._logged_down = False
         self.failures = 0
         self.bypassed = 0
 
@@ -124,17 +137,22 @@ class Redis:
         """False while the breaker is open (calls fail at once)."""
         return time.monotonic() >= self._down_until
 
-    async def run(self, *commands: Command) -> list[Any]:
+    async def run(self, *commands: Command, force: bool = False) -> list[Any]:
         """The replies of ``commands``, sent as one pipeline; :class:`RedisDown` on any
-        failure, an error reply included."""
-        if not self.available:
+        failure, an error reply included. ``force``: try even while the breaker is open
+        (releasing a lease others wait for is worth one more timeout)."""
+        if not force and not self.available:
             self.bypassed += 1
             raise RedisDown("the shared cache is in back-off after a failure")
         connection: _Connection | None = None
         try:
-            with trio.fail_after(self.timeout):
-                connection = self._idle.pop() if self._idle else await self._connect()
-                replies, sent, received = await connection.execute(commands)
+            with trio.fail_after(self.timeout * CALL_LIMIT):
+                if self._idle:
+                    connection = self._idle.pop()
+                else:
+                    with trio.fail_after(self.timeout):
+                        connection = await self._connect()
+                replies, sent, received = await connection.execute(commands, self.timeout)
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError,
                 ssl.SSLError, hiredis.ProtocolError, RedisDown) as exc:
             if connection is not None:
@@ -175,7 +193,7 @@ class Redis:
         if a.db:
             hello.append(("SELECT", a.db))
         if hello:
-            replies, _, _ = await connection.execute(hello)
+            replies, _, _ = await connection.execute(hello, self.timeout)
             for reply in replies:
                 if isinstance(reply, hiredis.ReplyError):
                     await _close(connection)
@@ -184,18 +202,25 @@ class Redis:
 
     def _failed(self, reason: str) -> None:
         self.failures += 1
-        self._down_until = time.monotonic() + self._backoff
+        now = time.monotonic()
+        self._down_until = now + self._backoff
         self._backoff = min(self._backoff * 2, MAX_BACKOFF)
         if not self._down:
             self._down = True
-            log.warning("shared cache %s failed (%s): working without it until it answers",
-                        self.address, reason)
+            if now >= self._quiet_until:  # a flapping Redis logs once a minute, not per flap
+                self._quiet_until = now + LOG_INTERVAL
+                self._logged_down = True
+                log.warning("shared cache %s failed (%s): working without it until it "
+                            "answers (%d failures so far)", self.address, reason,
+                            self.failures)
 
     def _succeeded(self) -> None:
         self._backoff = FIRST_BACKOFF
         if self._down:
             self._down = False
-            log.warning("shared cache %s answers again", self.address)
+            if self._logged_down:
+                self._logged_down = False
+                log.warning("shared cache %s answers again", self.address)
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []

@@ -26,7 +26,7 @@ import contextlib
 import json
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -192,7 +192,7 @@ class _Publication:
             if not complete:  # failed, cancelled or Redis gone: let the next mount list
                 with trio.CancelScope(shield=True), contextlib.suppress(RedisDown):
                     await tier.run(("DEL", self.chunks_key),
-                                   ("EVAL", _DELETE_IF, 1, self.lease, self.token))
+                                   ("EVAL", _DELETE_IF, 1, self.lease, self.token), force=True)
 
     async def _flush_until_end(self) -> None:
         keep = max(_ms(self.ttl), _ms(2 * LEASE_SECONDS))
@@ -242,12 +242,12 @@ class SharedTier:
     def key(self, kind: str, path: str) -> bytes:
         return self._prefix + kind.encode() + b"|" + path.encode("utf-8", "surrogateescape")
 
-    async def run(self, *commands: Any) -> list[Any]:
+    async def run(self, *commands: Any, force: bool = False) -> list[Any]:
         """Redis commands as one pipeline, counted; :class:`RedisDown` on any failure."""
         r, c = self.redis, self.counters
         before = (r.failures, r.bypassed, r.bytes_read, r.bytes_written)
         try:
-            return await r.run(*commands)
+            return await r.run(*commands, force=force)
         finally:
             c["errors"] += r.failures - before[0]
             c["bypassed"] += r.bypassed - before[1]
@@ -434,6 +434,30 @@ class SharedTier:
             publication.end()
             if refill is not None:
                 refill.finish()
+
+    # -- values a backend shares (Backend.use_shared_values) -----------------------------------
+
+    async def get(self, kind: str, key: str) -> Any | None:
+        try:
+            [value] = await self.run(("GET", self.key("value", f"{kind}|{key}")))
+            found = _loads(value)
+        except (RedisDown, KeyError, ValueError):
+            self.counters["value_misses"] += 1
+            return None
+        self.counters["value_hits"] += 1
+        return found
+
+    async def put(self, kind: str, values: Mapping[str, Any], ttl: float) -> None:
+        keys = {self.key("value", f"{kind}|{key}"): value for key, value in values.items()}
+        if not keys:
+            return
+        try:
+            await self.run(*(("SET", key, _dumps(value), "PX", _ms(ttl))
+                             for key, value in keys.items()))
+        except RedisDown:
+            return
+        self.counters["value_stores"] += len(keys)
+        self.wrote(*keys)
 
     # -- cache drop ----------------------------------------------------------------------------
 

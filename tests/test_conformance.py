@@ -91,6 +91,10 @@ class S3Conformance(WritableConformance, CutListingConformance, DeadServerConfor
         return "s3.meta.color"
 
     @pytest.fixture
+    def secrets(self) -> list[str]:
+        return [os.environ["AWS_SECRET_ACCESS_KEY"]]
+
+    @pytest.fixture
     def broken_listing(self, url, endpoint, sample):
         with fault_proxy(endpoint) as proxy:
             # Only the listing of the sample's directory (start-up lists the bucket too).
@@ -147,6 +151,10 @@ class TestIrods(WritableConformance, CutListingConformance, DeadServerConformanc
         return "irods.meta.color"
 
     @pytest.fixture
+    def secrets(self, irods_server) -> list[str]:
+        return [irods_server.password]
+
+    @pytest.fixture
     def broken_listing(self, irods_server, url, sample):
         with fault_proxy(f"http://{irods_server.netloc}") as proxy:
             proxy.inject("drop", match=sample.directory.rpartition("/")[2])
@@ -163,6 +171,10 @@ class TestRucio(BackendConformance, BigFileConformance, CutListingConformance,
     @pytest.fixture
     def url(self, rucio_server) -> str:
         return "rucio:///bench?schemes=http"
+
+    @pytest.fixture
+    def secrets(self) -> list[str]:
+        return ["secret"]  # the password of the test server's rucio.cfg
 
     @pytest.fixture
     def bad_urls(self) -> list[str]:

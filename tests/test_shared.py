@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import trio
-from conftest import RedisServer, redis_instance, run_cli, wait_for
+from conftest import RedisServer, adler32, redis_instance, run_cli, wait_for
 from rucio_fs.backends.demo import DemoBackend
 
 from rucio_fs.backend import Entry, Kind
@@ -332,6 +332,8 @@ def test_eight_rucio_mounts_listing_one_cold_dataset_make_one_listing(mount_fs, 
     assert rucio_server.access_log_lines(request) - before == 1
     # nothing secret went to Redis: no password, token or URL in any value
     for key in redis.cli("--scan").split():
+        if "|value|" in key:
+            continue  # shared replica locations hold PFNs (tested below)
         kind = redis.cli("TYPE", key).strip()
         values = (redis.cli("LRANGE", key, "0", "-1") if kind == "list"
                   else redis.cli("GET", key))
@@ -391,3 +393,19 @@ def test_cache_drop_shared_forgets_this_mounts_keys(mount_fs, redis):
     result = m.drop("shared")
     assert result["shared_keys_deleted"] >= 2
     assert not [k for k in redis.cli("--scan").split() if "|list|" in k]
+
+
+def test_resolved_replicas_are_shared_and_each_mount_reads_the_right_bytes(mount_fs,
+                                                                           rucio_server, redis):
+    first = mount_fs("rucio:///bench?schemes=http", "--shared-cache", redis.url)
+    second = mount_fs("rucio:///bench?schemes=http", "--shared-cache", redis.url)
+    files = rucio_server.catalog["ds500"][:3]
+    for f in files:
+        assert adler32((first.path / "ds500" / f["name"]).read_bytes()) == f["adler32"]
+    assert first.stats()["backend_counters"]["replica_requests"] >= 1
+    for f in files:
+        assert adler32((second.path / "ds500" / f["name"]).read_bytes()) == f["adler32"]
+    counters = second.stats()["backend_counters"]
+    assert counters["replica_requests"] == 0 and counters["replica_shared_hits"] == 3
+    assert "://" in "".join(redis.cli("GET", k) for k in redis.cli("--scan").split()
+                            if "|value|replicas" in k)  # PFNs, never signed (no query)

@@ -40,7 +40,7 @@ from urllib.parse import quote
 import trio
 from cachetools import TTLCache
 
-from rucio_fs.backend import Backend, Entry, Kind
+from rucio_fs.backend import Backend, Entry, Kind, SharedValues
 from rucio_fs.errors import (
     IntegrityError,
     InvalidInput,
@@ -130,11 +130,22 @@ class ReplicaResolver:
         self._busy: trio.Event | None = None
         self._cache: TTLCache[Did, list[Replica]] = TTLCache(100_000, REPLICA_TTL)
         self.caching = True
+        #: Where resolved PFNs are shared with the other mounts of this identity (if anywhere).
+        self.shared: SharedValues | None = None
+        self.shared_hits = 0
 
     async def resolve(self, did: Did) -> list[Replica]:
         cached = self._cache.get(did) if self.caching else None
         if cached is not None:
             return cached
+        if self.shared is not None and did not in self._pending:
+            pfns = await self.shared.get("replicas", str(did))
+            if isinstance(pfns, dict):
+                self.shared_hits += 1
+                replicas = self._order(pfns)
+                if self.caching:
+                    self._cache[did] = replicas
+                return replicas
         slot = self._pending.setdefault(did, _Slot())
         while not slot.done.is_set():
             if self._busy is None:
@@ -163,15 +174,22 @@ class ReplicaResolver:
         self.dids += len(batch)
         body: dict[str, Any] = {"dids": [{"scope": d.scope, "name": d.name} for d in batch],
                                 "schemes": list(self.settings.schemes), "all_states": False}
+        shareable: dict[str, Any] = {}
         try:
             async for line in self.api.ndjson("POST", "/replicas/list", json=body,
                                               what=f"replicas of {len(batch)} file(s)"):
                 did = Did(line.get("scope", ""), line.get("name", ""))
                 slot = batch.get(did)
                 if slot is not None and not slot.done.is_set():
-                    slot.replicas = self._order(line.get("pfns") or {})
+                    pfns = line.get("pfns") or {}
+                    slot.replicas = self._order(pfns)
                     if self.caching:
                         self._cache[did] = slot.replicas
+                    if slot.replicas and not any("?" in pfn for pfn in pfns):
+                        # a query could be a signature: signed URLs are never shared
+                        shareable[str(did)] = {pfn: {"rse": info.get("rse", ""),
+                                                     "priority": info.get("priority")}
+                                               for pfn, info in pfns.items()}
                     slot.done.set()
         except RucioFsError as exc:
             failure: RucioFsError | None = exc
@@ -187,6 +205,8 @@ class ReplicaResolver:
             if not slot.done.is_set():
                 slot.error = failure or NotFound(f"{did}: the catalog has no such file")
                 slot.done.set()
+        if self.shared is not None and shareable:
+            await self.shared.put("replicas", shareable, REPLICA_TTL)
 
     def _order(self, pfns: Mapping[str, Mapping[str, Any]]) -> list[Replica]:
         """Readable PFNs, best first: local mounts, then RSE preference, then scheme."""
@@ -395,6 +415,12 @@ class RucioBackend(Backend):
     def use_caches(self, enabled: bool) -> None:
         self.resolver.caching = self._caching = enabled
 
+    def use_shared_values(self, values: SharedValues) -> None:
+        """Resolved replica locations (the PFNs and their RSEs, as the catalog listed them;
+        never a signed one) are shared: the first read of a file on another mount skips the
+        catalog. Each mount still orders them by its own ``rses``, ``local`` and schemes."""
+        self.resolver.shared = values
+
     def use_data_proxy(self, url: str) -> None:
         """Replica URLs name the file, not the reader: a proxy may cache them (``local=``
         replicas are read from the local file system, never through it)."""
@@ -471,6 +497,7 @@ class RucioBackend(Backend):
             **{f"api_{k}": v for k, v in self.api.counters.items()},
             **{f"storage_{k}": v for k, v in self.reader.counters.items()},
             "replica_requests": self.resolver.requests,
+            "replica_shared_hits": self.resolver.shared_hits,
             "replica_dids": self.resolver.dids,
             "token_fetches": self.auth.renewals,
         }

@@ -180,6 +180,24 @@ class BackendConformance:
             if bad == unknown_option:
                 assert "no_such_option" in str(caught.value)
 
+    @pytest.fixture
+    def secrets(self) -> list[str]:
+        """Credentials the mount of ``url`` uses (passwords, secret keys, tokens): its shared
+        identity must contain none of them."""
+        return []
+
+    def test_the_shared_identity_is_stable_and_names_no_secret(self, url: str,
+                                                               secrets: list[str]) -> None:
+        async def identity(backend: Backend) -> str | None:
+            return backend.shared_identity()
+
+        first, second = run_with(url, identity), run_with(url, identity)
+        assert first == second, "two mounts of one URL must share under one identity"
+        if first is not None:
+            assert first and "\n" not in first, repr(first)
+            for secret in secrets:
+                assert secret not in first, "the shared identity names a secret"
+
     def test_the_root_is_a_directory(self, url: str) -> None:
         root = run_with(url, lambda backend: backend.stat("/"))
         assert root.kind is Kind.DIR
