@@ -100,8 +100,8 @@ class MountConfig:
         "--shared-cache", "Share listings and stats with other mounts through Redis: "
         "redis://[user:pass@]HOST:PORT/DB (rediss:// for TLS). Off by default.", "text"))
     shared_timeout: float = field(default=0.05, metadata=_option(
-        "--shared-timeout", "Longest one shared-cache call may take before the mount works "
-        "without it.", "duration"))
+        "--shared-timeout", "Longest Redis may stay silent in a shared-cache call before the "
+        "mount works without it (a call takes at most 20 times this).", "duration"))
     #: Where HTTP reads go (off unless given): a caching proxy shared by the site's mounts.
     data_proxy: str = field(default="", metadata=_option(
         "--data-proxy", "Read file data through this caching HTTP proxy (http://HOST:PORT; "

@@ -25,13 +25,15 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import trio
 from conftest import RedisServer, adler32, redis_instance, run_cli, wait_for
+from hypothesis import given
+from hypothesis import strategies as st
 from rucio_fs.backends.demo import DemoBackend
 
 from rucio_fs.backend import Entry, Kind
 from rucio_fs.catalog import Catalog
 from rucio_fs.config import MountConfig
 from rucio_fs.errors import InvalidInput
-from rucio_fs.shared import FORMAT, encode_chunk
+from rucio_fs.shared import FORMAT, _dumps, _loads, decode_chunk, encode_chunk
 from rucio_fs.stats import Stats
 
 DIR = "/ls/files-3000"
@@ -84,6 +86,21 @@ def redis(redis_server: RedisServer) -> Iterator[RedisServer]:
 
 
 # -- in-process: the promises of a served listing ----------------------------------------------
+
+_text = st.text(st.characters(blacklist_categories=()), max_size=20)  # surrogates included
+_entries = st.builds(
+    Entry, name=_text, kind=st.sampled_from(Kind), size=st.integers(0, 1 << 70),
+    mtime_ns=st.integers(0, 1 << 63), checksums=st.dictionaries(_text, _text, max_size=2),
+    immutable=st.booleans(), version=_text, metadata=st.dictionaries(_text, _text, max_size=2),
+    mode=st.none() | st.integers(0, 0o7777))
+
+
+@given(st.lists(_entries, max_size=30))
+def test_any_entry_survives_the_tier_exactly(entries):
+    """Whatever a backend lists (names that are not UTF-8, sizes past 2**64, any checksums and
+    metadata) comes back from Redis's bytes as the same entries."""
+    assert decode_chunk(_loads(_dumps(encode_chunk(entries)))) == entries
+
 
 def test_a_second_mount_lists_from_the_tier_without_asking_the_catalog(redis):
     async def main() -> None:
