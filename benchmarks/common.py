@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import random
+import resource
 import socket
 import subprocess
 import tempfile
@@ -232,3 +233,41 @@ def concurrently(commands: list[list[str]]) -> list[float]:
     if not all(ends):
         raise RuntimeError("a concurrent command failed")
     return ends
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """User + system CPU the processes have used so far (all their threads)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
+def children_of(pid: int) -> list[int]:
+    """``pid`` and its direct children (a gunicorn master and its workers)."""
+    found = [pid]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def timed_cpu(cmd: list[str], pids: Iterable[int]) -> tuple[float, float, float]:
+    """Seconds ``cmd`` takes, the CPU it used itself (the kernel's work for its system
+    calls included), and the CPU ``pids`` used meanwhile."""
+    pids = list(pids)
+    before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = cpu_seconds(pids)
+    elapsed = timed(cmd)
+    after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = (after_children.ru_utime - before_children.ru_utime
+           + after_children.ru_stime - before_children.ru_stime)
+    return elapsed, own, cpu_seconds(pids) - before

@@ -2,23 +2,23 @@
 shared tier — a discrete-event model fed with what one run of the ``mounts`` experiment measured.
 
     python benchmarks/simulate_site.py RESULTS_DIR [--nodes 1000] [--catalog-workers 2,16]
+                                                   [--node-cores 2] [--redis-gbps 10]
 
 ``RESULTS_DIR`` is a ``benchmarks/suite.py --experiments mounts`` result (its ``results.json``).
-The model has three kinds of resources, each a processor-sharing server:
+What feeds the model is CPU, measured per party in that run (``mounts_single.csv``): a cold
+``ls -l`` costs the catalog server ``server`` seconds (Rucio's gunicorn workers), the daemon
+``daemon_cold`` (``daemon_holder`` with the tier, which also publishes), the ``ls`` process
+``ls_cold`` (its system calls: the kernel's FUSE side); a mount whose listing comes from Redis
+costs its daemon ``daemon_follow`` and Redis ``redis_serve`` (``INFO commandstats``), and moves
+``listing_bytes``. A node's ``ls -l`` is the fork-join of those parts on processor-sharing
+servers; a follower ends no earlier than the holder's listing.
 
-* the **catalog**: ``w`` workers (the test server runs gunicorn with 2); one content listing
-  costs it ``L`` seconds of work (measured: one mount's cold ``ls -l`` minus its warm one);
-* each **client**: the work of ``ls -l`` once the entries are in the daemon (measured: warm
-  ``ls -l``, ``C``), plus, with the tier, reading the listing from Redis (measured: a fresh
-  mount whose listing is in Redis, minus warm: ``R``);
-* **Redis**: one thread; a follower's read of the listing costs it ``r`` (measured in the run),
-  and every poll while it waits costs ``p`` (polls every 1, 2, 4, ... up to 10 ms).
-
-On the test machine every one of them shares the same ``cpus`` cores (the catalog, Redis and
-all the daemons ran on one machine): that is how the model is checked against the measured
-1...N points (p95 within 25 % is the goal). At site scale each node has its own cores, the
-catalog its ``w`` workers and Redis its thread: the model then predicts catalog listings and
-p95 ``ls`` for ``--nodes`` nodes. Writes ``simulation.json``, ``simulation.md`` and
+Checked against the measured 1...N points first: there everything (catalog, Redis, all the
+daemons and ``ls`` processes) shared the machine's cores, and the catalog ran 2 workers; the
+goal is p95 within 25 %. Then the same costs at site scale: each node its own ``--node-cores``,
+the catalog ``--catalog-workers`` workers, Redis one thread behind a ``--redis-gbps`` link.
+Redis's polls are left out: each cost it 0.4 µs in the measured run, so even 1,000 followers
+polling every 10 ms take 4 % of its thread. Writes ``simulation.json``, ``simulation.md`` and
 ``simulation.png`` into RESULTS_DIR.
 """
 
@@ -33,9 +33,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-POLLS = [0.001 * 2**k for k in range(4)]  # then every MAX_POLL
-MAX_POLL = 0.01
 
 
 @dataclass
@@ -131,80 +128,94 @@ class Simulation:
 
 @dataclass
 class Costs:
-    """What the model is fed (seconds), all measured in one run of the mounts experiment."""
+    """CPU seconds of one cold ``ls -l`` of the directory, by who spends them, and Redis's
+    side — all measured in one run of the mounts experiment (medians)."""
 
-    listing: float     # L: the catalog's work for one content listing
-    client: float      # C: ls -l once the entries are in the daemon
-    redis_read: float  # R: a fresh mount reading the listing from Redis (its own side)
-    redis_serve: float  # r: Redis's side of one follower's read of the whole listing
-    redis_poll: float  # p: one poll
+    server: float          # the catalog server, for one content listing
+    daemon_cold: float     # a daemon listing from the catalog (parsing, FUSE answers)
+    daemon_holder: float   # the same with the tier on (it also publishes)
+    daemon_follow: float   # a daemon whose listing comes from Redis
+    ls_cold: float         # the ls -l process (its system calls: the kernel's FUSE side)
+    redis_serve: float     # Redis's CPU for one follower's read of the listing
+    listing_bytes: float   # what one follower reads from Redis
 
 
 def simulate(nodes: int, shared: bool, costs: Costs, machine_cores: float | None,
-             catalog_workers: int) -> list[float]:
-    """Each node's ``ls`` time. ``machine_cores``: everything on one machine with that many
-    cores (the test); None: every node, the catalog and Redis on their own hardware."""
+             catalog_workers: int, node_cores: float = 2.0, redis_gbps: float = 10.0,
+             ) -> list[float]:
+    """Each node's ``ls -l`` time when all start at once.
+
+    A node's ``ls -l`` is a fork-join of the CPU work it causes — the catalog's listing (at
+    most ``catalog_workers`` at once), its daemon's, the ls process's, and with the tier
+    Redis's — and ends when the last part does; a follower also not before the holder's
+    listing is complete. ``machine_cores``: everything on one machine with that many cores
+    (how it was measured); None: each node has ``node_cores``, the catalog its workers, Redis
+    one thread and a ``redis_gbps`` link."""
     sim = Simulation()
     if machine_cores is not None:
         machine = sim.pool(Pool("machine", machine_cores, {"catalog": catalog_workers}))
         catalog = redis = machine
+        link = None
 
-        def client_pool(_node: int) -> Pool:
+        def node_pool(_node: int) -> Pool:
             return machine
     else:
         catalog = sim.pool(Pool("catalog", catalog_workers, {"catalog": catalog_workers}))
         redis = sim.pool(Pool("redis", 1.0))
-        own = [sim.pool(Pool(f"node{n}", 1.0)) for n in range(nodes)]
+        link = sim.pool(Pool("redis link", 1.0))
+        nodes_pools = [sim.pool(Pool(f"node{n}", node_cores)) for n in range(nodes)]
 
-        def client_pool(node: int) -> Pool:
-            return own[node]
+        def node_pool(node: int) -> Pool:
+            return nodes_pools[node]
 
     times = [0.0] * nodes
+    holder_done = {"at": math.inf}
+    gated: list[tuple[int, float]] = []  # followers done before the holder's listing
 
-    def finish(node: int) -> Callable[[float], None]:
+    def join(node: int, parts: int, follower: bool) -> Callable[[float], None]:
+        left = {"n": parts}
+
         def done(t: float) -> None:
-            times[node] = t
+            left["n"] -= 1
+            if left["n"]:
+                return
+            if follower and t < holder_done["at"]:
+                gated.append((node, t))
+            else:
+                times[node] = t
         return done
 
-    def then_client(node: int, extra: float = 0.0) -> Callable[[float], None]:
-        return lambda t: sim.submit(client_pool(node), costs.client + extra, finish(node))
+    def listed(t: float) -> None:
+        holder_done["at"] = t
+        for node, _ in gated:
+            times[node] = t
+        gated.clear()
 
-    if not shared:
-        for node in range(nodes):
-            sim.submit(catalog, costs.listing, then_client(node), kind="catalog")
-        sim.run()
-        return times
-
-    listed = {"at": math.inf}
-
-    def holder_listed(t: float) -> None:
-        listed["at"] = t
-        sim.submit(client_pool(0), costs.client, finish(0))
-        for node in range(1, nodes):  # followers read what is published, then ls
-            sim.submit(redis, costs.redis_serve, lambda _t, n=node: sim.submit(
-                client_pool(n), costs.redis_read + costs.client, finish(n)))
-
-    sim.submit(catalog, costs.listing, holder_listed, kind="catalog")
-    # Followers poll Redis while the holder lists: 1, 2, 4, 8 ms, then every 10 ms.
-    horizon = costs.listing
-    for _node in range(1, nodes):
-        t = 0.0
-        for gap in _poll_gaps(horizon):
-            t += gap
-            sim.submit(redis, costs.redis_poll, lambda _t: None, at=t)
+    for node in range(nodes):
+        if not shared or node == 0:
+            done = join(node, 3, False)
+            sim.submit(catalog, costs.server, _both(done, listed) if shared else done,
+                       kind="catalog")
+            sim.submit(node_pool(node), costs.daemon_holder if shared else costs.daemon_cold,
+                       done)
+            sim.submit(node_pool(node), costs.ls_cold, done)
+        else:
+            done = join(node, 3 + (link is not None), True)
+            sim.submit(node_pool(node), costs.daemon_follow, done)
+            sim.submit(node_pool(node), costs.ls_cold, done)
+            sim.submit(redis, costs.redis_serve, done)
+            if link is not None:
+                sim.submit(link, costs.listing_bytes * 8 / (redis_gbps * 1e9), done)
     sim.run()
     return times
 
 
-def _poll_gaps(horizon: float) -> list[float]:
-    gaps, t = [], 0.0
-    for gap in POLLS:
-        gaps.append(gap)
-        t += gap
-    while t < horizon:
-        gaps.append(MAX_POLL)
-        t += MAX_POLL
-    return gaps
+def _both(first: Callable[[float], None],
+          second: Callable[[float], None]) -> Callable[[float], None]:
+    def both(t: float) -> None:
+        second(t)
+        first(t)
+    return both
 
 
 def p95(values: list[float]) -> float:
@@ -215,14 +226,17 @@ def p95(values: list[float]) -> float:
 def costs_from(results: dict) -> tuple[Costs, list[dict], float]:
     exp = results["experiments"]
     single = exp["mounts_single"]
-    median = {w: statistics.median(r["seconds"] for r in single if r["what"] == w)
-              for w in {r["what"] for r in single}}
-    warm = median["warm ls -l"]
-    redis = exp.get("mounts_redis", [{}])[0]
-    costs = Costs(listing=median["cold ls -l, tier off"] - warm, client=warm,
-                  redis_read=max(0.0, median["fresh mount, listing in Redis"] - warm),
-                  redis_serve=float(redis.get("read_s", 0.005)),
-                  redis_poll=float(redis.get("poll_s", 0.0001)))
+
+    def median(what: str, column: str) -> float:
+        return statistics.median(float(r[column]) for r in single if r["what"] == what)
+
+    redis = exp["mounts_redis"][0]
+    costs = Costs(server=median("cold ls -l, tier off", "server_cpu_s"),
+                  daemon_cold=median("cold ls -l, tier off", "daemon_cpu_s"),
+                  daemon_holder=median("cold ls -l, tier on", "daemon_cpu_s"),
+                  daemon_follow=median("fresh mount, listing in Redis", "daemon_cpu_s"),
+                  ls_cold=median("cold ls -l, tier off", "ls_cpu_s"),
+                  redis_serve=float(redis["read_s"]), listing_bytes=float(redis["bytes"]))
     return costs, exp["mounts"], float(results["machine"]["cpus"])
 
 
@@ -232,6 +246,10 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--catalog-workers", default="2,16",
                     help="catalog workers at site scale, comma-separated (default 2,16)")
+    ap.add_argument("--node-cores", type=float, default=2.0,
+                    help="cores of each node at site scale (default 2)")
+    ap.add_argument("--redis-gbps", type=float, default=10.0,
+                    help="Redis host's link at site scale, Gbit/s (default 10)")
     args = ap.parse_args()
     path = args.results / "results.json"
     if not path.is_file():
@@ -259,7 +277,7 @@ def main() -> int:
     for w in workers:
         for shared in (False, True):
             for n in scale:
-                times = simulate(n, shared, costs, None, w)
+                times = simulate(n, shared, costs, None, w, args.node_cores, args.redis_gbps)
                 site.append({"nodes": n, "shared": shared, "catalog_workers": w,
                              "catalog_listings": 1 if shared else n,
                              "p50_s": statistics.median(times), "p95_s": p95(times)})

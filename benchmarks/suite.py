@@ -55,7 +55,9 @@ from pathlib import Path
 import click
 from common import (
     Mount,
+    children_of,
     concurrently,
+    cpu_seconds,
     drop_page_cache,
     free_port,
     irods_fake_control,
@@ -69,6 +71,7 @@ from common import (
     script_server,
     small_tree,
     timed,
+    timed_cpu,
     tmpfs_twin,
 )
 
@@ -718,22 +721,30 @@ def exp_mounts(root: Path, target: Target, res: Results, counts: list[int], repe
                     for m in mounts:
                         m.unmount()
         plain, tiered = Mount(root, target.url), Mount(root, target.url, "--shared-cache", url)
+        server = _server_pids(target)
+
+        def measured(what: str, m: Mount) -> dict:
+            """One ``ls -l`` on ``m``: seconds, and the CPU of ls (its system calls
+            included), of the daemon, and of the catalog server (Rucio) it cost."""
+            daemon = m.stats()["pid"]
+            before = cpu_seconds(server)
+            elapsed, ls_cpu, daemon_cpu = timed_cpu(["ls", "-l", str(m.path / rel)], [daemon])
+            return {"what": what, "seconds": elapsed, "ls_cpu_s": ls_cpu,
+                    "daemon_cpu_s": daemon_cpu, "server_cpu_s": cpu_seconds(server) - before}
+
         try:
             for _ in progress(range(repeat), "one mount, tier off/on"):
                 for label, m in (("off", plain), ("on", tiered)):
                     m.drop()
                     flush()
-                    single.append({"what": f"cold ls -l, tier {label}",
-                                   "seconds": timed(["ls", "-l", str(m.path / rel)])})
-            single += [{"what": "warm ls -l", "seconds": timed(["ls", "-l", str(plain.path / rel)])}
-                       for _ in range(repeat)]
+                    single.append(measured(f"cold ls -l, tier {label}", m))
+            single += [measured("warm ls -l", plain) for _ in range(repeat)]
             timed(["ls", "-l", str(tiered.path / rel)])  # published for the fresh mounts
             redis_costs = _redis_costs(redis, repeat)
             for _ in progress(range(repeat), "fresh mounts, listing in Redis"):
                 fresh = Mount(root, target.url, "--shared-cache", url)
                 try:
-                    single.append({"what": "fresh mount, listing in Redis",
-                                   "seconds": timed(["ls", "-l", str(fresh.path / rel)])})
+                    single.append(measured("fresh mount, listing in Redis", fresh))
                 finally:
                     fresh.unmount()
         finally:
@@ -763,6 +774,14 @@ def exp_mounts(root: Path, target: Target, res: Results, counts: list[int], repe
     _report_mounts(res, target, n, rows, single, proxied)
 
 
+def _server_pids(target: Target) -> list[int]:
+    """The catalog server's processes whose CPU a listing costs (Rucio: gunicorn)."""
+    if target.backend != "rucio":
+        return []
+    pid_file = Path(target.server_env["RUCIO_CONFIG"]).parent.parent / "gunicorn.pid"
+    return children_of(int(pid_file.read_text()))
+
+
 def _redis_costs(redis: dict[str, str], repeat: int) -> dict:
     """Redis's own work (``INFO commandstats``) for one follower's read of the published
     listing (LRANGEs of 4 chunks, as the mounts read), and for one poll (an empty LRANGE and
@@ -783,6 +802,7 @@ def _redis_costs(redis: dict[str, str], repeat: int) -> dict:
 
     key = next(k for k in cli("--scan", "--pattern", "*|chunks|*").splitlines())
     chunks = int(cli("LLEN", key))
+    sizes: list[float] = []
 
     async def reads() -> float:
         client = Redis(RedisAddress.parse(redis["REDIS_URL"]), timeout=10)
@@ -792,6 +812,7 @@ def _redis_costs(redis: dict[str, str], repeat: int) -> dict:
                 await client.run(("LRANGE", key, first, first + 3))
         elapsed = time.perf_counter() - start
         await client.aclose()
+        sizes.append(client.bytes_read / repeat)
         return elapsed / repeat
 
     cli("CONFIG", "RESETSTAT")
@@ -808,8 +829,8 @@ def _redis_costs(redis: dict[str, str], repeat: int) -> dict:
 
     trio.run(polls)
     poll_usec = usec("lrange") + usec("get")
-    return {"chunks": chunks, "read_s": per_read / repeat, "poll_s": poll_usec / 200 / 1e6,
-            "client_read_s": client_s}
+    return {"chunks": chunks, "bytes": sizes[0], "read_s": per_read / repeat,
+            "poll_s": poll_usec / 200 / 1e6, "client_read_s": client_s}
 
 
 def _origin_bytes(log: Path) -> int:

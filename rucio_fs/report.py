@@ -70,6 +70,10 @@ def to_table(snap: Mapping[str, Any]) -> str:
         ratio = f"{100 * hits / (hits + misses):.1f}" if hits + misses else "-"
         lines.append(f"{layer:<14} {'yes' if counters.get('enabled', 1) else 'no':>3} "
                      f"{hits:>10} {misses:>10} {ratio:>7}")
+    shared = {k: v for k, v in snap.get("cache", {}).get("shared", {}).items()
+              if k not in ("hits", "misses", "enabled")}
+    if shared:  # lease waits, takeovers, errors, bypassed calls, bytes
+        lines.append("shared: " + ", ".join(f"{k}={v}" for k, v in sorted(shared.items())))
     for section in ("coalesced", "events", "backend_counters", "sizes", "inodes"):
         values = snap.get(section) or {}
         if values:

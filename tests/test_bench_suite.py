@@ -54,6 +54,19 @@ def test_smoke_run_writes_every_artifact(backend, tmp_path, request):
     assert all(r["ratio_to_tmpfs"] > 0 for r in ls_rows)
     users = data["experiments"]["users"]
     assert all(r["backend_listings"] == 0 for r in users if r["mode"] == "warm")
+    mounts = data["experiments"]["mounts"]
+    assert {(r["mounts"], r["shared"]) for r in mounts} == {(1, False), (1, True), (2, False),
+                                                            (2, True)}
+    assert all(r["backend_listings"] == (1 if r["shared"] else r["mounts"]) for r in mounts)
+    assert all(r["rss_mb"] > 0 for r in mounts) and (tmp_path / "mounts.png").is_file()
+    assert data["experiments"]["mounts_redis"][0]["read_s"] > 0
+    if backend in ("rucio", "s3"):  # HTTP reads: the data proxy part ran
+        proxied = data["experiments"]["mounts_proxy"]
+        # one copy plus, at most, one reader's read-ahead (32 MiB) past what was read
+        assert all(r["storage_bytes"] <= r["bytes_each"] + (40 << 20) for r in proxied)
+        assert len(proxied) == 2
+    if backend == "rucio":
+        assert all(r["server_listings"] == r["backend_listings"] for r in mounts)
     if backend == "rucio":
         assert "rclone" in summary or "not run" in summary
 
