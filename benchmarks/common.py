@@ -271,3 +271,27 @@ def timed_cpu(cmd: list[str], pids: Iterable[int]) -> tuple[float, float, float]
     own = (after_children.ru_utime - before_children.ru_utime
            + after_children.ru_stime - before_children.ru_stime)
     return elapsed, own, cpu_seconds(pids) - before
+
+
+class CpuMeter:
+    """CPU used from its creation until :meth:`used`: by each of ``pids``, by the ``server``
+    processes together, by this process's finished children (the commands it ran), and by
+    the whole machine (every core's non-idle time)."""
+
+    def __init__(self, pids: list[int], server: list[int]) -> None:
+        self.pids, self.server = pids, server
+        self._start = self._now()
+
+    def _now(self) -> dict:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        with open("/proc/stat") as f:
+            jiffies = [int(x) for x in f.readline().split()[1:]]
+        return {"pids": [cpu_seconds([p]) for p in self.pids],
+                "server": cpu_seconds(self.server),
+                "children": children.ru_utime + children.ru_stime,
+                "machine": (sum(jiffies) - jiffies[3] - jiffies[4]) / os.sysconf("SC_CLK_TCK")}
+
+    def used(self) -> dict:
+        now, start = self._now(), self._start
+        return {"pids": [a - b for a, b in zip(now["pids"], start["pids"], strict=True)],
+                **{k: now[k] - start[k] for k in ("server", "children", "machine")}}

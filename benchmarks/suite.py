@@ -54,6 +54,7 @@ from pathlib import Path
 
 import click
 from common import (
+    CpuMeter,
     Mount,
     children_of,
     concurrently,
@@ -696,6 +697,7 @@ def exp_mounts(root: Path, target: Target, res: Results, counts: list[int], repe
             subprocess.run(["redis-cli", "-p", redis["REDIS_PORT"], "FLUSHALL"], check=True,
                            stdout=subprocess.DEVNULL)
 
+        server = _server_pids(target)
         for count in progress(counts, "separate mounts"):
             for tier in (False, True):
                 flush()
@@ -703,25 +705,36 @@ def exp_mounts(root: Path, target: Target, res: Results, counts: list[int], repe
                           for _ in range(count)]
                 try:
                     res.mount_config(f"mounts_shared_{tier}", mounts[0])
-                    before = sum(m.backend_calls("list") for m in mounts)
+                    pids = [m.stats()["pid"] for m in mounts]
+                    before = [m.backend_calls("list") for m in mounts]
                     logged = _catalog_listings(target, rel)
+                    cpu = CpuMeter(pids, server)
                     times = concurrently([["ls", "-l", str(m.path / rel)] for m in mounts])
-                    listings = sum(m.backend_calls("list") for m in mounts) - before
+                    used = cpu.used()
+                    listed = [m.backend_calls("list") - b for m, b in zip(mounts, before,
+                                                                           strict=True)]
+                    listings = sum(listed)
                     if logged is not None:
                         time.sleep(0.5)  # gunicorn logs a request once it is answered
                         logged = (_catalog_listings(target, rel) or 0) - logged
+                    listers = [c for c, n in zip(used["pids"], listed, strict=True) if n]
+                    others = [c for c, n in zip(used["pids"], listed, strict=True) if not n]
                     rows.append({"mounts": count, "shared": tier,
                                  "p50_s": _quantile(times, 0.5), "p95_s": _quantile(times, 0.95),
                                  "max_s": max(times), "backend_listings": listings,
                                  "server_listings": "" if logged is None else logged,
                                  "list_call_s": _list_seconds(mounts),
-                                 "rss_mb": statistics.mean(rss_mb(m.stats()["pid"])
-                                                           for m in mounts)})
+                                 "rss_mb": statistics.mean(rss_mb(p) for p in pids),
+                                 # CPU per party in this run (the site model's validation)
+                                 "server_cpu_s": used["server"] / max(1, listings),
+                                 "daemon_list_cpu_s": statistics.mean(listers or [0.0]),
+                                 "daemon_follow_cpu_s": statistics.mean(others or [0.0]),
+                                 "ls_cpu_s": used["children"] / count,
+                                 "machine_cpu_s": used["machine"]})
                 finally:
                     for m in mounts:
                         m.unmount()
         plain, tiered = Mount(root, target.url), Mount(root, target.url, "--shared-cache", url)
-        server = _server_pids(target)
 
         def measured(what: str, m: Mount) -> dict:
             """One ``ls -l`` on ``m``: seconds, and the CPU of ls (its system calls

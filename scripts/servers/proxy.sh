@@ -18,23 +18,9 @@ log() { printf 'proxy.sh: %s\n' "$*" >&2; }
 # shellcheck source=common.sh
 . "$here/common.sh"
 
-install() {
-  if ! nginx -V 2>&1 | grep -q http_slice_module; then
-    log "apt-get install nginx-light"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends nginx-light >/dev/null
-  fi
-}
+install() { nginx -V 2>&1 | grep -q http_slice_module || apt_install nginx-light; }
 
-case $cmd in
-  install) install; exit 0 ;;
-  stop) stop_pidfile "$BASE/nginx.pid"; exit 0 ;;
-  start) ;;
-  *) log "unknown command $cmd"; exit 2 ;;
-esac
-install
-stop_pidfile "$BASE/nginx.pid"
+one_process_server "$cmd" "$BASE/nginx.pid"
 rm -rf "$BASE/cache"
 mkdir -p "$BASE/cache"
 sed -e "s|@RUN_DIR@|$BASE|g" -e "s|@CACHE_DIR@|$BASE/cache|g" \

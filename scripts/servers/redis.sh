@@ -16,23 +16,9 @@ log() { printf 'redis.sh: %s\n' "$*" >&2; }
 # shellcheck source=common.sh
 . "$here/common.sh"
 
-install() {
-  if ! command -v redis-server >/dev/null; then
-    log "apt-get install redis-server"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends redis-server >/dev/null
-  fi
-}
+install() { command -v redis-server >/dev/null || apt_install redis-server; }
 
-case $cmd in
-  install) install; exit 0 ;;
-  stop) stop_pidfile "$BASE/redis.pid"; exit 0 ;;
-  start) ;;
-  *) log "unknown command $cmd"; exit 2 ;;
-esac
-install
-stop_pidfile "$BASE/redis.pid"
+one_process_server "$cmd" "$BASE/redis.pid"
 extra=()
 [ -n "${REDIS_MAXMEMORY:-}" ] && extra+=(--maxmemory "$REDIS_MAXMEMORY"
                                           --maxmemory-policy "${REDIS_POLICY:-noeviction}")
@@ -40,11 +26,13 @@ redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
   --dir "$BASE" --logfile "$BASE/redis.log" --pidfile "$BASE/redis.pid" --daemonize yes \
   "${extra[@]}"
 for _ in $(seq 100); do
-  redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break
+  [ -s "$BASE/redis.pid" ] && kill -0 "$(cat "$BASE/redis.pid")" 2>/dev/null \
+    && redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG && break
   sleep 0.05
 done
-redis-cli -p "$REDIS_PORT" ping | grep -q PONG || { log "redis did not start"; cat "$BASE/redis.log" >&2; exit 1; }
-for _ in $(seq 50); do [ -s "$BASE/redis.pid" ] && break; sleep 0.05; done
+if ! { [ -s "$BASE/redis.pid" ] && kill -0 "$(cat "$BASE/redis.pid")" 2>/dev/null; }; then
+  log "redis did not start (port $REDIS_PORT taken?)"; tail -5 "$BASE/redis.log" >&2; exit 1
+fi
 cat >"$BASE/server.env" <<ENV
 REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0
 REDIS_PORT=$REDIS_PORT

@@ -31,12 +31,7 @@ install() {
   for pkg in nginx-light libnginx-mod-http-dav-ext memcached openssl curl python3-venv; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
   done
-  if ((${#need_apt[@]})); then
-    log "apt-get install ${need_apt[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
-  fi
+  if ((${#need_apt[@]})); then apt_install "${need_apt[@]}"; fi
   if [ ! -x "$VENV/bin/gunicorn" ]; then
     log "installing rucio $RUCIO_VERSION into $VENV"
     rm -rf "$VENV"

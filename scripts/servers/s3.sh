@@ -46,10 +46,7 @@ start_gw() {
 }
 
 install() {
-  command -v curl >/dev/null || {
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends curl >/dev/null
-  }
+  command -v curl >/dev/null || apt_install curl
   if [ ! -x "$VGW" ]; then
     command -v go >/dev/null || { log "Go is needed to build versitygw (https://go.dev/dl)"; exit 1; }
     log "building versitygw $VGW_VERSION into $VGW (about 3.5 min when cold)"
