@@ -327,6 +327,9 @@ class SharedTier:
                 self.counters["misses"] += 1
                 await self._publish(path, found, listing, refill, list_backend, ttl, nursery)
                 return
+            elif not found:  # the lease ended between the script's two reads: claim again
+                await trio.sleep(0.001)
+                continue
             else:
                 self.counters["lease_waits"] += 1
                 try:
