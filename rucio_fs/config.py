@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .errors import InvalidInput
+from .options import without_password
 from .redis_client import RedisAddress
 
 
@@ -142,7 +143,11 @@ class MountConfig:
         return bool(self.disk_dir)
 
     def as_dict(self) -> dict[str, object]:
-        return asdict(self)
+        """The settings, as ``stats`` shows them: no password of a URL."""
+        settings = asdict(self)
+        for name in ("shared_cache", "data_proxy"):
+            settings[name] = without_password(settings[name])
+        return settings
 
     def check(self) -> MountConfig:
         """Reject values that cannot work; returns self so it chains."""

@@ -7,6 +7,7 @@ everywhere and a bad value is one :class:`~rucio_fs.errors.InvalidInput` line.
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 from .errors import InvalidInput
 
@@ -55,3 +56,13 @@ def parse_size(text: str) -> int:
     if unit not in _SIZE_UNITS:
         raise InvalidInput(f"invalid size unit in {text!r}")
     return int(float(match.group(1)) * _SIZE_UNITS[unit])
+
+
+def without_password(url: str) -> str:
+    """``url`` with the password of its user part replaced by ``***`` (for messages, logs and
+    ``stats``)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{parts.username}:***@{host}").geturl()

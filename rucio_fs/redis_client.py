@@ -19,20 +19,24 @@ and the recovery are logged once each. Error replies (``OOM``, a wrong type) rai
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import hiredis
 import trio
 
 from .errors import InvalidInput
+from .options import without_password
 
 log = logging.getLogger(__name__)
 
+#: The environment variable that gives Redis's password when the URL does not.
+PASSWORD_VARIABLE = "RUCIO_FS_SHARED_CACHE_PASSWORD"
 #: Longest the breaker stays open after repeated failures.
 MAX_BACKOFF = 5.0
 FIRST_BACKOFF = 0.5
@@ -52,7 +56,10 @@ class RedisDown(Exception):
 
 @dataclass(frozen=True)
 class RedisAddress:
-    """Where Redis listens: ``redis://[user:pass@]HOST:PORT/DB`` (``rediss://``: TLS)."""
+    """Where Redis listens: ``redis://[user:pass@]HOST:PORT/DB``, or over TLS
+    ``rediss://...[?ca=CA-FILE]`` (the server's certificate is verified against ``ca``, else
+    the system's CAs). Without a password in the URL, :data:`PASSWORD_VARIABLE` gives it (a
+    command line is visible to every local user in ``ps``). ``str()`` never shows it."""
 
     host: str
     port: int = 6379
@@ -60,26 +67,36 @@ class RedisAddress:
     username: str = ""
     password: str = field(default="", repr=False)
     tls: bool = False
+    ca: str = ""
 
     @classmethod
     def parse(cls, url: str) -> RedisAddress:
         parts = urlsplit(url)
+        shown = without_password(url)
         if parts.scheme not in ("redis", "rediss"):
-            raise InvalidInput(f"shared cache {url!r}: expected redis://HOST:PORT/DB or "
+            raise InvalidInput(f"shared cache {shown!r}: expected redis://HOST:PORT/DB or "
                                "rediss://...")
         try:
             port = parts.port or 6379
         except ValueError:
-            raise InvalidInput(f"shared cache {url!r}: bad port") from None
+            raise InvalidInput(f"shared cache {shown!r}: bad port") from None
         if not parts.hostname:
-            raise InvalidInput(f"shared cache {url!r}: no host")
+            raise InvalidInput(f"shared cache {shown!r}: no host")
         path = parts.path.strip("/")
         if path and not path.isdigit():
-            raise InvalidInput(f"shared cache {url!r}: the database must be a number")
-        if parts.query or parts.fragment:
-            raise InvalidInput(f"shared cache {url!r}: no query or fragment expected")
+            raise InvalidInput(f"shared cache {shown!r}: the database must be a number")
+        query = parse_qs(parts.query, keep_blank_values=True)
+        if parts.fragment or set(query) - {"ca"} or len(query.get("ca", [])) > 1:
+            raise InvalidInput(f"shared cache {shown!r}: the only option is ca=CA-FILE "
+                               "(rediss://)")
+        ca = query.get("ca", [""])[0]
+        if ca and parts.scheme != "rediss":
+            raise InvalidInput(f"shared cache {shown!r}: ca= is for rediss:// (TLS)")
+        if ca and not os.path.isfile(ca):
+            raise InvalidInput(f"shared cache {shown!r}: CA file {ca} does not exist")
+        password = unquote(parts.password or "") or os.environ.get(PASSWORD_VARIABLE, "")
         return cls(parts.hostname, port, int(path or 0), unquote(parts.username or ""),
-                   unquote(parts.password or ""), parts.scheme == "rediss")
+                   password, parts.scheme == "rediss", ca)
 
     def __str__(self) -> str:
         scheme = "rediss" if self.tls else "redis"
@@ -157,8 +174,10 @@ class Redis:
                 ssl.SSLError, hiredis.ProtocolError, RedisDown) as exc:
             if connection is not None:
                 await _close(connection)
+            cause = exc.__cause__ or exc  # trio wraps TLS failures (certificate verify failed)
             reason = (f"no answer within {self.timeout * 1000:g} ms"
-                      if isinstance(exc, trio.TooSlowError) else str(exc) or type(exc).__name__)
+                      if isinstance(exc, trio.TooSlowError)
+                      else str(cause) or type(cause).__name__)
             self._failed(reason)
             raise RedisDown(reason) from None
         except BaseException:
@@ -182,7 +201,7 @@ class Redis:
         a = self.address
         if a.tls:
             stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
-                a.host, a.port, ssl_context=ssl.create_default_context())
+                a.host, a.port, ssl_context=ssl.create_default_context(cafile=a.ca or None))
         else:
             stream = await trio.open_tcp_stream(a.host, a.port)
         connection = _Connection(stream)

@@ -445,7 +445,12 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The URL a mount takes (its password and CA included)."""
+        return self._server_env()["REDIS_URL"]
+
+    def _server_env(self) -> dict[str, str]:
+        return dict(line.split("=", 1) for line in
+                    (self.base / "server.env").read_text().splitlines() if "=" in line)
 
     def start(self) -> None:
         result = subprocess.run(["bash", str(REDIS_SCRIPT), "start", str(self.base)],
@@ -466,7 +471,8 @@ class RedisServer:
         (self.base / "redis.pid").unlink()
 
     def cli(self, *args: str, input: str | None = None) -> str:
-        return subprocess.run(["redis-cli", "-p", str(self.port), *args], check=True,
+        connect = self._server_env()["REDIS_CLI"].split()
+        return subprocess.run(["redis-cli", *connect, *args], check=True,
                               capture_output=True, text=True, timeout=30, input=input).stdout
 
 

@@ -317,12 +317,15 @@ def open_memory():
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:6379", "redis://", "redis://h:port/0",
-                                 "redis://127.0.0.1/x", "redis://127.0.0.1?db=1"])
+                                 "redis://127.0.0.1/x", "redis://127.0.0.1?db=1",
+                                 "redis://127.0.0.1?ca=/etc/hostname",
+                                 "rediss://127.0.0.1?ca=/no/such/ca.crt",
+                                 "redis://:hunter2@127.0.0.1/x"])
 def test_bad_shared_cache_urls_are_one_line_errors(url, tmp_path):
     result = run_cli("mount", "demo://", str(tmp_path), "--shared-cache", url)
     assert result.returncode != 0
     assert result.stderr.count("\n") == 1 and "shared cache" in result.stderr, result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "hunter2" not in result.stderr
 
 
 def test_memory_backend_with_shared_cache_fails_the_mount_in_one_line(tmp_path, redis):
@@ -436,3 +439,38 @@ def test_cold_turns_the_shared_tier_off_like_every_layer():
     url = "redis://127.0.0.1:6379/0"
     assert MountConfig.from_options({"shared_cache": url}).shared
     assert not MountConfig.from_options({"shared_cache": url}, cold=True).shared
+
+
+@pytest.fixture
+def tls_redis(tmp_path) -> Iterator[RedisServer]:
+    """Redis over TLS only (a CA of its own) that requires a password."""
+    with redis_instance(tmp_path / "redis-tls", REDIS_TLS="1",
+                        REDIS_PASSWORD="rfs-test-pass") as server:
+        yield server
+
+
+def test_tls_and_a_password_share_and_the_password_is_shown_nowhere(mount_fs, tls_redis,
+                                                                    monkeypatch):
+    url = tls_redis.url
+    assert url.startswith("rediss://:rfs-test-pass@") and "?ca=" in url
+    first = mount_fs("demo://", "--shared-cache", url)
+    assert len(os.listdir(first.path / "ls/files-500")) == 500
+    # the password may also come from the environment (a command line is public in ps)
+    monkeypatch.setenv("RUCIO_FS_SHARED_CACHE_PASSWORD", "rfs-test-pass")
+    second = mount_fs("demo://", "--shared-cache", url.replace(":rfs-test-pass@", ""))
+    assert len(os.listdir(second.path / "ls/files-500")) == 500
+    assert second.backend_calls("list") == 0 and second.stats()["cache"]["shared"]["hits"] >= 1
+    for mount in (first, second):
+        assert "rfs-test-pass" not in json.dumps(mount.stats()) + mount.log_text()
+    assert first.stats()["config"]["shared_cache"].startswith("rediss://:***@")
+
+
+@pytest.mark.parametrize(("change", "logged"), [
+    (lambda url: url.replace("rfs-test-pass", "wrong"), "WRONGPASS"),
+    (lambda url: url.split("?")[0], "CERTIFICATE_VERIFY_FAILED"),  # not our CA
+])
+def test_a_refused_tls_or_password_costs_only_sharing(mount_fs, tls_redis, change, logged):
+    m = mount_fs("demo://", "--shared-cache", change(tls_redis.url))
+    assert len(os.listdir(m.path / "ls/files-500")) == 500
+    assert m.stats()["cache"]["shared"]["errors"] >= 1
+    assert logged in m.log_text() and "rfs-test-pass" not in m.log_text()
