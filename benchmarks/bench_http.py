@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from threads import in_threads
+
 BLOCK = 1 << 20
 
 
@@ -33,7 +35,6 @@ def run_threads(make_reader: Callable[[], Callable[[int, int], int]], total: int
     """Each worker takes the next range; returns seconds for all of them."""
     todo = ranges(total)
     lock = threading.Lock()
-    errors: list[BaseException] = []
 
     def work() -> None:
         read = make_reader()
@@ -42,23 +43,10 @@ def run_threads(make_reader: Callable[[], Callable[[int, int], int]], total: int
                 if not todo:
                     return
                 off, size = todo.pop(0)
-            try:
-                got = read(off, size)
-                assert got == size, (got, size)
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-                return
+            got = read(off, size)
+            assert got == size, (got, size)
 
-    threads = [threading.Thread(target=work) for _ in range(workers)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return time.perf_counter() - start
-
+    return in_threads(work, workers)
 
 def fill(resp, buf: bytearray, size: int) -> int:
     """Read up to ``size`` bytes of a response into ``buf`` with ``readinto``."""

@@ -22,13 +22,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from common import free_port, read_env, script_server
+from threads import in_threads
 
 MiB = 1 << 20
 BIG = "frame-4509715660.gwf"
@@ -146,24 +146,12 @@ def measure(name: str, proxy, root: Path, env: dict[str, str]) -> dict:
     with proxy(root / name, storage, path) as (port, target):
         first, _ = get(port, target, 0, MiB)
         deep, _ = get(port, target, 3 << 30, MiB)
-        began = time.perf_counter()
-        errors: list[BaseException] = []
 
         def reader() -> None:
-            try:
-                for offset in range(0, 256 * MiB, 8 * MiB):
-                    get(port, target, offset, 8 * MiB)
-            except BaseException as exc:
-                errors.append(exc)
+            for offset in range(0, 256 * MiB, 8 * MiB):
+                get(port, target, offset, 8 * MiB)
 
-        threads = [threading.Thread(target=reader) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        cold = time.perf_counter() - began
+        cold = in_threads(reader, 4)
         began = time.perf_counter()
         for offset in range(0, 256 * MiB, 8 * MiB):
             get(port, target, offset, 8 * MiB)

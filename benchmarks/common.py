@@ -295,3 +295,4 @@ class CpuMeter:
         now, start = self._now(), self._start
         return {"pids": [a - b for a, b in zip(now["pids"], start["pids"], strict=True)],
                 **{k: now[k] - start[k] for k in ("server", "children", "machine")}}
+
