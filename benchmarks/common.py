@@ -85,8 +85,18 @@ def read_whole(path: Path) -> float:
 
 
 def peak_rss_mb(pid: int) -> float:
+    """The most resident memory a process has had (MiB)."""
+    return _status_mb(pid, "VmHWM")
+
+
+def rss_mb(pid: int) -> float:
+    """Resident memory of a process now (MiB)."""
+    return _status_mb(pid, "VmRSS")
+
+
+def _status_mb(pid: int, key: str) -> float:
     with open(f"/proc/{pid}/status") as f:
-        return int(next(x for x in f if x.startswith("VmHWM:")).split()[1]) / 1024
+        return int(next(x for x in f if x.startswith(key + ":")).split()[1]) / 1024
 
 
 def drop_page_cache() -> None:
@@ -208,12 +218,6 @@ def script_server(name: str, base: Path, **env: str) -> Iterator[dict[str, str]]
         subprocess.run(["bash", str(script), "stop", str(base)], check=False)
 
 
-def rss_mb(pid: int) -> float:
-    """Resident memory of a process now (MiB)."""
-    with open(f"/proc/{pid}/status") as f:
-        return int(next(x for x in f if x.startswith("VmRSS:")).split()[1]) / 1024
-
-
 def concurrently(commands: list[list[str]]) -> list[float]:
     """Start every command at once; each one's seconds from the common start to its exit."""
     start = time.perf_counter()
@@ -258,19 +262,6 @@ def children_of(pid: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return found
-
-
-def timed_cpu(cmd: list[str], pids: Iterable[int]) -> tuple[float, float, float]:
-    """Seconds ``cmd`` takes, the CPU it used itself (the kernel's work for its system
-    calls included), and the CPU ``pids`` used meanwhile."""
-    pids = list(pids)
-    before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    before = cpu_seconds(pids)
-    elapsed = timed(cmd)
-    after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    own = (after_children.ru_utime - before_children.ru_utime
-           + after_children.ru_stime - before_children.ru_stime)
-    return elapsed, own, cpu_seconds(pids) - before
 
 
 class CpuMeter:

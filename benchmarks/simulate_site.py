@@ -82,14 +82,9 @@ class Simulation:
 
     def __init__(self) -> None:
         self.now = 0.0
-        self.pools: list[Pool] = []
         self._arrivals: list[tuple[float, int, Pool, Job]] = []
         self._seq = 0
         self._busy: set[Pool] = set()
-
-    def pool(self, pool: Pool) -> Pool:
-        self.pools.append(pool)
-        return pool
 
     def submit(self, pool: Pool, work: float, done: Callable[[float], None],
                at: float | None = None, kind: str = "") -> None:
@@ -156,17 +151,17 @@ def simulate(nodes: int, shared: bool, costs: Costs, machine_cores: float | None
     one thread and a ``redis_gbps`` link."""
     sim = Simulation()
     if machine_cores is not None:
-        machine = sim.pool(Pool("machine", machine_cores, {"catalog": catalog_workers}))
+        machine = Pool("machine", machine_cores, {"catalog": catalog_workers})
         catalog = redis = machine
         link = None
 
         def node_pool(_node: int) -> Pool:
             return machine
     else:
-        catalog = sim.pool(Pool("catalog", catalog_workers, {"catalog": catalog_workers}))
-        redis = sim.pool(Pool("redis", 1.0))
-        link = sim.pool(Pool("redis link", 1.0))
-        nodes_pools = [sim.pool(Pool(f"node{n}", node_cores)) for n in range(nodes)]
+        catalog = Pool("catalog", catalog_workers, {"catalog": catalog_workers})
+        redis = Pool("redis", 1.0)
+        link = Pool("redis link", 1.0)
+        nodes_pools = [Pool(f"node{n}", node_cores) for n in range(nodes)]
 
         def node_pool(node: int) -> Pool:
             return nodes_pools[node]

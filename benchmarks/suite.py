@@ -58,7 +58,6 @@ from common import (
     Mount,
     children_of,
     concurrently,
-    cpu_seconds,
     drop_page_cache,
     free_port,
     irods_fake_control,
@@ -72,7 +71,6 @@ from common import (
     script_server,
     small_tree,
     timed,
-    timed_cpu,
     tmpfs_twin,
 )
 
@@ -739,11 +737,11 @@ def exp_mounts(root: Path, target: Target, res: Results, counts: list[int], repe
         def measured(what: str, m: Mount) -> dict:
             """One ``ls -l`` on ``m``: seconds, and the CPU of ls (its system calls
             included), of the daemon, and of the catalog server (Rucio) it cost."""
-            daemon = m.stats()["pid"]
-            before = cpu_seconds(server)
-            elapsed, ls_cpu, daemon_cpu = timed_cpu(["ls", "-l", str(m.path / rel)], [daemon])
-            return {"what": what, "seconds": elapsed, "ls_cpu_s": ls_cpu,
-                    "daemon_cpu_s": daemon_cpu, "server_cpu_s": cpu_seconds(server) - before}
+            cpu = CpuMeter([m.stats()["pid"]], server)
+            elapsed = timed(["ls", "-l", str(m.path / rel)])
+            used = cpu.used()
+            return {"what": what, "seconds": elapsed, "ls_cpu_s": used["children"],
+                    "daemon_cpu_s": used["pids"][0], "server_cpu_s": used["server"]}
 
         try:
             for _ in progress(range(repeat), "one mount, tier off/on"):

@@ -306,9 +306,11 @@ class SharedTier:
         mount that holds its lease, or from ``list_backend`` (publishing it). Raises what
         ``list_backend`` raises; Redis failures only send it to the backend."""
         pointer, lease = self.key("list", path), self.key("lease", path)
-        refill: _Refill | None = None
         deadline = trio.current_time() + timeout
         while True:
+            # Entries a publication that did not end gave us are reconciled, not added twice.
+            refill = _Refill(listing) if listing.by_name else None
+            sink = refill.add if refill is not None else listing.add
             token = secrets.token_hex(8)
             try:
                 [[state, found]] = await self.run(
@@ -316,7 +318,6 @@ class SharedTier:
             except RedisDown:
                 break
             found = found.decode()
-            sink = refill.add if refill is not None else listing.add
             if state == b"complete":
                 if await self._read(found, path, sink, pointer):
                     self.counters["hits"] += 1
@@ -329,7 +330,6 @@ class SharedTier:
                 return
             elif not found:  # the lease ended between the script's two reads: claim again
                 await trio.sleep(0.001)
-                continue
             else:
                 self.counters["lease_waits"] += 1
                 try:
@@ -343,12 +343,8 @@ class SharedTier:
                         refill.finish()
                     return
                 self.counters["takeovers"] += 1
-            if listing.by_name:
-                refill = _Refill(listing)  # what a stopped publication gave us so far
         # Redis failed: straight to the backend, as without the tier.
-        if listing.by_name:
-            refill = _Refill(listing)
-        await list_backend(refill.add if refill is not None else listing.add)
+        await list_backend(sink)
         if refill is not None:
             refill.finish()
 
@@ -373,6 +369,13 @@ class SharedTier:
             seen[0] += len(entries)
         return None
 
+    async def _next_chunks(self, chunks_key: bytes, seen: list[int],
+                           *also: Any) -> list[Any]:
+        """The next chunks after the ``seen`` ones (at most :data:`READ_CHUNKS`), followed by
+        the replies of ``also`` (commands sent in the same pipeline)."""
+        return await self.run(("LRANGE", chunks_key, seen[1], seen[1] + READ_CHUNKS - 1),
+                              *also)
+
     async def _read(self, token: str, path: str, sink: Sink, pointer: bytes) -> bool:
         """A completed listing, fed to ``sink`` once it proved complete; False (and the
         pointer forgotten) when its chunks are gone or do not end with a matching marker."""
@@ -381,8 +384,7 @@ class SharedTier:
         seen = [0, 0]
         try:
             while True:
-                [items] = await self.run(
-                    ("LRANGE", chunks_key, seen[1], seen[1] + READ_CHUNKS - 1))
+                [items] = await self._next_chunks(chunks_key, seen)
                 done = self._consume(items, entries.append, seen)
                 if done is not None or not items:
                     break
@@ -403,9 +405,7 @@ class SharedTier:
         pause = 0.001
         try:
             while True:
-                items, holder = await self.run(
-                    ("LRANGE", chunks_key, seen[1], seen[1] + READ_CHUNKS - 1),
-                    ("GET", lease))
+                items, holder = await self._next_chunks(chunks_key, seen, ("GET", lease))
                 done = self._consume(items, sink, seen)
                 if done is not None:
                     return done
@@ -414,8 +414,7 @@ class SharedTier:
                 if holder != token.encode():
                     # It may have ended between the two commands: read what is left.
                     while True:
-                        [items] = await self.run(
-                            ("LRANGE", chunks_key, seen[1], seen[1] + READ_CHUNKS - 1))
+                        [items] = await self._next_chunks(chunks_key, seen)
                         done = self._consume(items, sink, seen)
                         if done is not None or not items:
                             return bool(done)

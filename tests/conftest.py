@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from rucio_fs.daemon import process_running
 from rucio_fs.mounts import FSTYPE, find_mount
 from rucio_fs.testing import irods_fake
 from rucio_fs.testing.mount import RUCIO_FS, Mount
@@ -466,7 +467,7 @@ class RedisServer:
         """SIGKILL, as a crashed Redis."""
         pid = int((self.base / "redis.pid").read_text())
         os.kill(pid, 9)
-        while os.path.exists(f"/proc/{pid}") and "Z" not in _proc_state(pid):
+        while process_running(pid):
             time.sleep(0.01)
         (self.base / "redis.pid").unlink()
 
@@ -474,13 +475,6 @@ class RedisServer:
         connect = self._server_env()["REDIS_CLI"].split()
         return subprocess.run(["redis-cli", *connect, *args], check=True,
                               capture_output=True, text=True, timeout=30, input=input).stdout
-
-
-def _proc_state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "Z"
 
 
 @contextmanager
