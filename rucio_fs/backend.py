@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from .errors import NotFound, NotPermitted, NotSupported, Unconfirmed
+from .errors import NotFound, NotPermitted, NotSupported, RucioFsError, Unconfirmed
 
 
 class Kind(enum.Enum):
@@ -296,6 +296,29 @@ class Backend(ABC):
     async def rmdir(self, path: str) -> None:
         """Remove empty directory ``path``; NotEmpty when it has children."""
         raise NotSupported(f"{self.scheme}: rmdir is not supported")
+
+    #: The most names one :meth:`remove_many` call removes at once (1: one by one).
+    remove_batch_max: ClassVar[int] = 1
+
+    async def remove_many(self, items: Sequence[tuple[str, Kind]]
+                          ) -> Mapping[str, RucioFsError]:
+        """Remove each file (``Kind.FILE``) and directory (``Kind.DIR``) of ``items``, in
+        as few requests as the catalog allows (at most ``remove_batch_max`` names are given);
+        returns the failures by path, the others are gone. A name that is gone already
+        counts as removed. The core batches the removal of a directory only after those of
+        everything it held through the mount, and only while it saw it empty; a backend
+        whose directories are markers (S3) may then delete the marker without looking below
+        it (anything another client put there stays and keeps the directory listed).
+        By default: ``unlink``/``rmdir`` one by one."""
+        failures: dict[str, RucioFsError] = {}
+        for path, kind in items:
+            try:
+                await (self.rmdir(path) if kind is Kind.DIR else self.unlink(path))
+            except NotFound:
+                pass
+            except RucioFsError as exc:
+                failures[path] = exc
+        return failures
 
     async def rename(self, old: str, new: str, entry: Entry) -> Entry:
         """Move ``old`` (described by ``entry``) to ``new``, replacing a file there; returns

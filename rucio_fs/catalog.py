@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
 import trio
@@ -48,21 +48,34 @@ _MISSING = Entry(name="", kind=Kind.FILE)
 
 
 class Overlay(Protocol):
-    """Files with content local to this mount (pending writes): their local attributes win
-    over what the backend or the caches say, in ``stat`` and in every listing."""
+    """What this mount changed and the server does not show yet (files with pending content,
+    queued namespace changes): it wins over what the backend or the caches say, in ``stat``
+    and in every listing."""
 
     def entry(self, path: str) -> Entry | None:
         """The local entry of ``path``, if it has one."""
 
+    def hides(self, path: str) -> bool:
+        """Whether ``path`` is removed locally (whatever the server still shows)."""
+
     def children(self, directory: str) -> Iterable[Entry]:
-        """The local entries of the files directly in ``directory``."""
+        """The local entries directly in ``directory``."""
+
+    def hidden_children(self, directory: str) -> Iterable[str]:
+        """The names directly in ``directory`` that are removed locally."""
 
 
 class _NoOverlay:
     def entry(self, path: str) -> Entry | None:
         return None
 
+    def hides(self, path: str) -> bool:
+        return False
+
     def children(self, directory: str) -> Iterable[Entry]:
+        return ()
+
+    def hidden_children(self, directory: str) -> Iterable[str]:
         return ()
 
 
@@ -131,7 +144,11 @@ class Catalog:
 
     async def stat(self, path: str) -> Entry:
         """Attributes of ``path``: metadata cache, then the parent's cached listing, then stat."""
-        entry = self.overlay.entry(path) or self.metadata.get(path)
+        entry = self.overlay.entry(path)
+        if entry is None:
+            if self.overlay.hides(path):
+                raise NotFound(path)
+            entry = self.metadata.get(path)
         if entry is None and path != "/":
             parent, name = split_path(path)
             listing = self.listing.get(parent)
@@ -222,6 +239,8 @@ class Catalog:
         finally:
             if self._filling.get(path) is listing:
                 del self._filling[path]
+        for name in self.overlay.hidden_children(path):
+            listing.remove(name)
         for entry in self.overlay.children(path):
             listing.upsert(entry)
         if listing.rejected:
@@ -282,6 +301,10 @@ class Catalog:
     def upload_parallelism(self) -> int:
         return self.backend.upload_parallelism
 
+    @property
+    def remove_batch_max(self) -> int:
+        return self.backend.remove_batch_max
+
     def backend_counters(self) -> dict[str, int]:
         return dict(self.backend.counters())
 
@@ -294,6 +317,16 @@ class Catalog:
         entry = await self.calls.timed("mkdir", lambda: self.backend.mkdir(path))
         self.new_directory(path, entry)
         return entry
+
+    async def make_directory(self, path: str) -> None:
+        """Make ``path`` on the server only (the caches know already: queued write-back)."""
+        await self.calls.timed("mkdir", lambda: self.backend.mkdir(path))
+
+    async def remove_many(self, items: Sequence[tuple[str, Kind]]) -> dict[str, RucioFsError]:
+        """Remove files and empty directories on the server only (the caches know already:
+        queued write-back), in as few calls as the backend can; the failures by path."""
+        return dict(await self.calls.timed("remove_many",
+                                           lambda: self.backend.remove_many(items)))
 
     async def unlink(self, path: str, on_server: bool = True) -> None:
         """``path`` goes (``on_server`` False: it was only ever local to this mount)."""

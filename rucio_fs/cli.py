@@ -125,10 +125,13 @@ def with_options(url: str, options: tuple[str, ...]) -> str:
 @cli.command()
 @click.argument("mountpoint")
 @click.option("--retry", is_flag=True, help="Try every pending upload again now.")
+@click.option("--wait", is_flag=True,
+              help="Wait until everything queued (async write-back) is on the server.")
 @click.option("--discard", "discard", multiple=True, metavar="PATH",
               help="Throw away the pending content of PATH (a path inside the mount).")
-def uploads(mountpoint: str, retry: bool, discard: tuple[str, ...]) -> int:
-    """Files whose upload failed and whose data waits in the staging directory."""
+def uploads(mountpoint: str, retry: bool, wait: bool, discard: tuple[str, ...]) -> int:
+    """What the server does not have yet: queued changes (async write-back) and files whose
+    upload failed, whose data waits in the staging directory. Exit 1 if there is any."""
     root = os.path.abspath(mountpoint)
     paths = []
     for path in discard:
@@ -137,15 +140,26 @@ def uploads(mountpoint: str, retry: bool, discard: tuple[str, ...]) -> int:
             raise click.BadParameter(f"{path} is not inside {mountpoint}", param_hint="--discard")
         rel = os.path.relpath(full, root)
         paths.append("/" if rel == "." else "/" + rel)
-    result = control.request(mountpoint, "uploads", retry=retry, discard=paths)
+    result = control.request(mountpoint, "uploads", retry=retry, wait=wait, discard=paths,
+                             timeout=None if wait else 60.0)
     for path in result["discarded"]:
         click.echo(f"discarded {path}")
     for item in result["pending"]:
         click.echo(f"pending {item['path']} ({item['size']} bytes, staged in {item['staged']})"
                    + (f": {item['error']}" if item["error"] else ""))
-    if not result["pending"] and not result["discarded"]:
+    queued = result.get("queued", [])
+    for item in queued:
+        state = "running" if item["running"] else f"try {item['attempts'] + 1}"
+        click.echo(f"queued {item['op']} {item['path']} ({state})"
+                   + (f": {item['error']}" if item["error"] else ""))
+    for item in result.get("dropped", []):
+        click.echo(f"given up {item['op']} {item['path']}: {item['error']}")
+    for path, error in result["failed"]:
+        if path == "/":
+            click.echo(f"failed: {error}")
+    if not (result["pending"] or queued or result["discarded"] or result.get("dropped")):
         click.echo("no pending uploads")
-    return 1 if result["pending"] else 0
+    return 1 if result["pending"] or queued or result.get("dropped") else 0
 
 
 @cli.command()

@@ -110,6 +110,15 @@ class MountConfig:
     staging_dir: str = field(default="", metadata=_option(
         "--staging-dir", "Where files being written wait for their upload (default: staging/ "
         "in --cache-dir, else in the temporary directory).", "path"))
+    #: ``sync``: close returns once the server holds the file; ``async``: once it is staged
+    #: durably on local disk, with the upload (and mkdir, unlink, rmdir) queued in order.
+    write_back: str = field(default="sync", metadata=_option(
+        "--write-back", "sync: close returns once the server holds the file; async: once the "
+        "file is staged durably on local disk, the upload (and mkdir/unlink/rmdir) queued in "
+        "order and replayed after a crash (see docs/writing.md).", "text"))
+    write_back_parallelism: int = field(default=16, metadata=_option(
+        "--write-back-parallelism", "Most queued changes carried out at once (async "
+        "write-back).", "count"))
 
     @classmethod
     def from_options(cls, values: Mapping[str, Any], cold: bool = False,
@@ -126,7 +135,7 @@ class MountConfig:
             elif kind == "path":
                 value = os.path.abspath(value) if value else ""
             elif kind == "text":
-                value = value or ""
+                value = value or spec.default
             settings[spec.name] = value
         if cold or no_disk_cache:
             settings["disk_dir"] = ""
@@ -163,6 +172,10 @@ class MountConfig:
                 raise InvalidInput(f"data proxy {self.data_proxy!r}: expected http://HOST:PORT")
         if not 0 < self.shared_timeout <= 10:
             raise InvalidInput("shared-timeout must be positive and at most 10 s")
+        if self.write_back not in ("sync", "async"):
+            raise InvalidInput(f"write-back {self.write_back!r}: expected sync or async")
+        if not 1 <= self.write_back_parallelism <= 1024:
+            raise InvalidInput("write-back-parallelism must be between 1 and 1024")
         if self.backend_timeout <= 0:
             raise InvalidInput("timeout must be positive")
         if not 4096 <= self.block_size <= 64 << 20 or self.block_size & (self.block_size - 1):

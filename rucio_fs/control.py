@@ -72,7 +72,7 @@ async def _handle(stream: trio.SocketStream, handler: Handler) -> None:
             await stream.send_all(json.dumps(reply).encode() + b"\n")
 
 
-def request(mountpoint: str, op: str, timeout: float = 60.0, **args: Any) -> Any:
+def request(mountpoint: str, op: str, timeout: float | None = 60.0, **args: Any) -> Any:
     """Send one request to the daemon serving ``mountpoint`` (blocking; used by the CLI)."""
     mount = require_rucio_fs(mountpoint)
     path = socket_path(mount.minor)

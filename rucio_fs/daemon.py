@@ -219,8 +219,14 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
     catalog = Catalog(backend, req.cache, stats, disk)
     writeback = None
     if backend.capabilities & Capability.WRITE:
-        writeback = WriteBack(catalog, staging_dir(req.cache), req.url)
-        writeback.adopt()
+        writeback = WriteBack(catalog, staging_dir(req.cache), req.url,
+                              asynchronous=req.cache.write_back == "async",
+                              parallelism=req.cache.write_back_parallelism)
+        try:
+            writeback.adopt()
+        except OSError as exc:
+            raise InvalidInput(f"staging directory {writeback.staging_dir}: "
+                               f"{exc.strerror}") from None
     ops = RucioFs(catalog, root, req.cache, stats, xattrs=req.xattrs, writeback=writeback)
     options = set(pyfuse3.default_options)
     options.discard("default_permissions")
@@ -255,6 +261,7 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
             if writeback is not None:
                 writeback.nursery = nursery
                 nursery.start_soon(writeback.run_retries)
+                nursery.start_soon(writeback.queue.run)
             if disk is not None:
                 for _ in range(DISK_WRITERS):
                     nursery.start_soon(catalog.data_path.run_disk_writer)
@@ -356,9 +363,15 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
             failed: list[tuple[str, str]] = []
             if message.get("retry"):
                 failed = await writes.retry()
+            if message.get("wait"):
+                try:
+                    await writes.settle("/")
+                except RucioFsError as exc:
+                    failed.append(("/", str(exc)))
             discarded = [p for p in message.get("discard", []) if await ops.discard_pending(p)]
             return {"pending": [{"path": d.path, "size": d.size, "error": d.error,
                                  "staged": d.staging_path} for d in writes.pending()],
+                    "queued": writes.queued(), "dropped": writes.queue.take_failed(),
                     "failed": failed, "discarded": discarded}
         if op == "trace_start":
             if ops.recorder is not None:

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from .backend import NAME_MAX, Capability, Entry, content_version
+from .backend import NAME_MAX, Capability, Entry, Kind, content_version
 from .budget import Shares
 from .caches import Listing
 from .catalog import Catalog, child_path
@@ -153,6 +153,8 @@ class RucioFs(pyfuse3.Operations):
         if writeback is None:
             # ENOSYS once makes the kernel stop sending FLUSH: no round trip per close.
             self.flush = self.fsync = _not_implemented  # type: ignore[method-assign,assignment]
+        else:
+            writeback.on_uploaded = self._uploaded
         #: Where background work (read-ahead, checksum hashing) runs; set by the daemon.
         self.nursery: trio.Nursery | None = None
         #: Checksums of whole reads (one verifier per open version, fed by every handle).
@@ -525,13 +527,39 @@ class RucioFs(pyfuse3.Operations):
                 # A new, still empty file: the shell closes a dup of it before writing
                 # (`echo x > f`); its upload waits for the release.
                 return
-            await dirty.commit()
+            await self._writeback().close(dirty)
 
     @fuse_op
     async def fsync(self, fh: int, datasync: bool) -> None:
         handle = self._files.get(fh)
         if handle is not None and handle.dirty is not None:
-            await handle.dirty.commit()
+            writes = self._writeback()
+            if writes.asynchronous:
+                await writes.stage(handle.dirty)
+                await writes.settle(handle.dirty.path)
+            else:
+                await handle.dirty.commit()
+
+    @fuse_op
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        """Everything queued below the directory is on the server (async write-back)."""
+        handle = self._dirs.get(fh)
+        if handle is not None and self.writes is not None and self.writes.asynchronous:
+            await self.writes.settle(handle.inode.path)
+
+    def _uploaded(self, path: str, entry: Entry) -> None:
+        """A queued upload of ``path`` is on the server as ``entry`` and nothing is pending
+        any more: the inode reads it from there (its local version is gone)."""
+        node = self.inodes.find(path)
+        if node is not None and self._dirty(path) is None:
+            node.entry, node.attrs, node.fetched_at = entry, None, time.monotonic()
+            node.cached_version = INVALID
+
+    async def _settled(self, *paths: str) -> None:
+        """Before a change that goes to the server at once: with async write-back, what is
+        queued on ``paths`` (or above or below them) goes first."""
+        if self.writes is not None and self.writes.asynchronous:
+            await self.writes.settle(*paths)
 
     @fuse_op
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None,
@@ -562,6 +590,7 @@ class RucioFs(pyfuse3.Operations):
         if entry.size == size:
             return
         if self.catalog.can(Capability.TRUNCATE):
+            await self._settled(node.path)
             self._changed(node, await self.catalog.truncate(node.path, size))
             return
         dirty = writes.open(node.path, entry)
@@ -588,6 +617,7 @@ class RucioFs(pyfuse3.Operations):
             if dirty is not None:
                 dirty.set_mtime(now_ns)
             return
+        await self._settled(node.path)
         self._changed(node, await self.catalog.set_mtime(node.path, node.entry, mtime, is_now))
 
     def _changed(self, node: Inode, entry: Entry) -> None:
@@ -600,7 +630,18 @@ class RucioFs(pyfuse3.Operations):
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
         parent, text, path = self._child(parent_inode, name)
         self._need(Capability.MKDIR, "create directories")
-        entry = await self.catalog.mkdir(path)
+        writes = self._writeback()
+        if writes.asynchronous:
+            try:
+                await self._entry_of(path)
+            except NotFound:
+                pass
+            else:
+                raise AlreadyExists(path)
+            entry = Entry(name=text, kind=Kind.DIR, mtime_ns=time.time_ns())
+            writes.queue_mkdir(path, entry)
+        else:
+            entry = await self.catalog.mkdir(path)
         return self._attrs(self.inodes.lookup(parent, text, entry, time.monotonic()))
 
     @fuse_op
@@ -610,8 +651,13 @@ class RucioFs(pyfuse3.Operations):
         entry = await self._entry_of(path)
         if entry.is_dir:
             raise IsADirectory(path)
-        dirty = await self._writeback().unlinked(path)
-        await self.catalog.unlink(path, on_server=dirty is None or dirty.base is not None)
+        writes = self._writeback()
+        dirty = await writes.unlinked(path)
+        on_server = dirty is None or dirty.base is not None
+        if writes.asynchronous and on_server:
+            writes.queue_removal("unlink", path)
+        else:
+            await self.catalog.unlink(path, on_server=on_server)
         self.inodes.detach(parent, text)
 
     @fuse_op
@@ -621,9 +667,20 @@ class RucioFs(pyfuse3.Operations):
         entry = await self._entry_of(path)
         if not entry.is_dir:
             raise NotADirectory(path)
-        if self._writeback().has_below(path):
+        writes = self._writeback()
+        if writes.has_below(path):
             raise NotEmpty(path)
-        await self.catalog.rmdir(path)
+        if writes.asynchronous:
+            listing = await self.catalog.list(path)
+            while not listing.done:
+                await listing.wait_beyond(len(listing.entries))
+            if listing.error is not None:
+                raise listing.error
+            if len(listing):
+                raise NotEmpty(path)
+            writes.queue_removal("rmdir", path)
+        else:
+            await self.catalog.rmdir(path)
         self.inodes.detach(parent, text)
 
     @fuse_op
@@ -664,8 +721,9 @@ class RucioFs(pyfuse3.Operations):
                     self.catalog.note_entry(old, None)
                     self.catalog.note_entry(new, new_entry)
         if not local_only:
+            await self._settled(old, new)
             if dirty is not None:
-                entry = await dirty.commit() or dirty.base or entry
+                entry = await writes.commit_now(dirty) or dirty.base or entry
             new_entry = await self.catalog.rename(old, new, entry)
             await writes.renamed(old, new)
         self.inodes.move(old_parent, old_name, new_parent, new_name)
@@ -713,7 +771,9 @@ class RucioFs(pyfuse3.Operations):
             raise NotSupported(f"only user.* extended attributes can be set, not {key}")
         node = self._inode(inode)
         dirty = self._dirty(node.path)
-        entry = (await dirty.commit() or dirty.base) if dirty is not None else None
+        await self._settled(node.path)
+        entry = (await self._writeback().commit_now(dirty) or dirty.base
+                 if dirty is not None else None)
         entry = entry or await self._revalidate(node)
         new = await self.catalog.set_xattr(node.path, entry, key[5:], value)
         if dirty is not None:

@@ -15,12 +15,18 @@ Contract:
   commit tries again. A file still dirty at its last close
   stays *pending* (``rucio-fs uploads`` lists it) until a commit succeeds or it is discarded.
   Pending files are retried on their own, with backoff, until the server takes them.
-* A staging file's *record* (a ``.json`` sidecar naming the mount URL, the path and what the
-  content replaces) exists from the moment the file holds data the server does not have, so
-  a daemon killed at any point leaves nothing unaccounted for: a new mount of the same URL
-  with the same staging directory adopts the recorded files as pending and uploads them. A
-  staging file is locked (``flock``) by the daemon that writes it; an unlocked one without a
-  record holds nothing pending and is removed.
+* A staging file's *record* (a ``stage`` record of the mount's :mod:`journal <rucio_fs.journal>`
+  naming the path, the staging file and what the content replaces) exists from the moment the
+  file holds data the server does not have, so a daemon killed at any point leaves nothing
+  unaccounted for: a new mount of the same URL with the same staging directory replays the
+  journal and adopts the staged files as pending. A staging file is locked (``flock``) by the
+  daemon that writes it; an unlocked one that no pending record names is removed.
+* With ``--write-back async`` (:attr:`WriteBack.asynchronous`), ``close`` returns once the
+  staged bytes and their record are durable (both ``fdatasync``-ed) and the upload is queued
+  (:mod:`rucio_fs.write_queue`); ``mkdir``, ``unlink`` and ``rmdir`` are journaled and queued
+  the same way (not synced: like a local file system's, they are durable after an ``fsync`` of
+  their directory), and the mount shows the queued state at once (the overlay). ``fsync`` of a
+  file waits for its upload, of a directory for every op below it, and unmount for all.
 """
 
 from __future__ import annotations
@@ -38,9 +44,12 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from . import journal as journals
 from .backend import Entry, Kind, Upload
 from .budget import ByteBudget, Shares
 from .errors import RucioFsError, Unavailable
+from .journal import Journal
+from .write_queue import Op, WriteQueue
 
 if TYPE_CHECKING:
     from .catalog import Catalog
@@ -53,6 +62,8 @@ MAX_PARTS = 10_000
 COPY_CHUNK = 8 << 20
 #: Seconds between retries of pending uploads: the first, and the most (doubling between).
 RETRY_FIRST, RETRY_MAX = 2.0, 120.0
+#: Staged files up to this size are made durable without leaving the event loop.
+SYNC_IN_LINE_MAX = 1 << 20
 #: An unlocked staging file without a record is removed once it is this old (seconds): a
 #: daemon of an older version neither locks nor records its files while it writes them.
 UNRECORDED_GRACE = 60.0
@@ -76,8 +87,14 @@ class DirtyFile:
         #: The committed entry this content replaces (None: the file is new).
         self.base = base
         self.staging_path, self.fd = staged or writeback.new_staging_file()
-        #: Whether the record (sidecar) of pending content is written.
-        self.recorded = False
+        #: The journal number of this content's ``stage`` record (None: none is pending).
+        self.stage_n: int | None = None
+        #: The queued upload of this content (async write-back), until it is carried out.
+        self.op: Op | None = None
+        #: The error of a background upload that no close or fsync has returned yet.
+        self.unreported = ""
+        #: The generation of the content last made durable by :meth:`WriteBack.stage`.
+        self.staged = 0
         self.size = 0
         #: Whether the staging file holds the whole content (else: the base's, unread).
         self.materialized = base is None or base.size == 0
@@ -87,7 +104,7 @@ class DirtyFile:
         self.mtime_ns = time.time_ns()
         self.error: str = ""
         self.lock = trio.Lock()
-        self._generation = next(writeback.generations)
+        self.generation = next(writeback.generations)
         # Streaming upload state: parts [0, frontier) are on their way or stored.
         self.streaming = self.materialized
         self.frontier = 0
@@ -108,7 +125,7 @@ class DirtyFile:
         size = self.size if self.materialized else (self.base.size if self.base else 0)
         base = self.base or Entry(name=name, kind=Kind.FILE)
         return replace(base, name=name, size=size, mtime_ns=self.mtime_ns, immutable=False,
-                       version=f"local:{self._generation}:{self.mtime_ns}:{size}",
+                       version=f"local:{self.generation}:{self.mtime_ns}:{size}",
                        checksums={})
 
     def read(self, offset: int, size: int) -> bytes | None:
@@ -151,39 +168,42 @@ class DirtyFile:
 
     # -- the record of pending content ---------------------------------------------------
 
+    @property
+    def recorded(self) -> bool:
+        return self.stage_n is not None
+
     def record(self, again: bool = False) -> None:
-        """Write the record of this pending content (before the data it accounts for);
-        ``again``: also when it is written already (it changed)."""
-        if (self.recorded and not again) or self.fd < 0:
+        """Journal that this staging file holds content of the path the server does not have
+        (before the data it accounts for); ``again``: also when it is journaled already (the
+        path changed: the new record supersedes the old one)."""
+        if (self.stage_n is not None and not again) or self.fd < 0:
             return
         base = self.base
-        fields = {"url": self.wb.url, "path": self.path, "size": self.size,
-                  "error": self.error,
-                  "base": None if base is None else {"size": base.size, "version": base.version,
-                                                     "mtime_ns": base.mtime_ns}}
-        temporary = self.staging_path + ".json.tmp"
-        with open(temporary, "w") as sidecar:
-            json.dump(fields, sidecar)
-        os.replace(temporary, self.staging_path + ".json")
-        self.recorded = True
+        old, self.stage_n = self.stage_n, self.wb.journal.append({
+            "op": "stage", "path": self.path, "file": os.path.basename(self.staging_path),
+            "base": None if base is None else {"size": base.size, "version": base.version,
+                                               "mtime_ns": base.mtime_ns}})
+        if old is not None:
+            self.wb.journal.done(old)
+        if self.op is not None:
+            self.op.n = self.stage_n
 
     def rerecord(self) -> None:
-        """The record changes (the path moved, an error to note): write it again."""
-        if self.recorded:
+        """The path moved: journal it again."""
+        if self.stage_n is not None:
             self.record(again=True)
 
     def unrecord(self) -> None:
-        """Nothing pending any more: the record goes (the staging file may stay)."""
-        if self.recorded:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.staging_path + ".json")
-            self.recorded = False
+        """Nothing pending any more: the record is done (the staging file may stay)."""
+        if self.stage_n is not None:
+            self.wb.journal.done(self.stage_n)
+            self.stage_n = None
 
     def _touch(self) -> None:
         self.dirty = True
         self.error = ""
         self.mtime_ns = time.time_ns()
-        self._generation = next(self.wb.generations)
+        self.generation = next(self.wb.generations)
 
     async def _materialize(self) -> None:
         """Copy the base's content into the staging file before it is modified."""
@@ -225,7 +245,6 @@ class DirtyFile:
                     raise
             except RucioFsError as exc:
                 self.error = str(exc)
-                self.rerecord()
                 raise
             except trio.Cancelled:
                 await self.stop_streaming("")
@@ -233,6 +252,7 @@ class DirtyFile:
             # The new content is stored: further writes start over from the staged file.
             self.base = replace(entry, name=self.path.rpartition("/")[2])
             self.dirty = self.streaming = False
+            self.unreported = ""
             self.unrecord()
             self.wb.catalog.note_entry(self.path, self.base)
             return self.base
@@ -342,10 +362,10 @@ class DirtyFile:
         self.frontier, self._next_part, self.streaming = 0, 1, False
 
     def close_staging(self, keep: bool) -> None:
-        """Close the staging file; delete it and its record unless ``keep`` (then its record
-        says what it holds, for the next mount to adopt)."""
+        """Close the staging file; delete it and end its record unless ``keep`` (then its
+        record says what it holds, for the next mount to adopt)."""
         if keep:
-            self.record(again=True)
+            self.record()
         else:
             self.unrecord()
         if self.fd >= 0:
@@ -373,15 +393,24 @@ async def _abort(upload: Upload, path: str) -> None:
 
 
 class WriteBack:
-    """The files of one mount that are being written or wait for a successful upload,
-    by catalog path (renames re-key them)."""
+    """The files of one mount that are being written or wait for a successful upload, by
+    catalog path (renames re-key them), and, with async write-back, the queued changes."""
 
-    def __init__(self, catalog: Catalog, staging_dir: str, url: str) -> None:
+    def __init__(self, catalog: Catalog, staging_dir: str, url: str,
+                 asynchronous: bool = False, parallelism: int = 16) -> None:
         self.catalog = catalog
         self.url = url
+        #: Whose journals this mount replays: the backend's identity (host, bucket or zone,
+        #: root, account; the same whatever the mount options), else the URL.
+        self.identity = catalog.backend.shared_identity() or url
         self.staging_dir = staging_dir
+        #: Whether ``close`` and namespace changes return before the server has them.
+        self.asynchronous = asynchronous
         #: Files with content local to this mount, by path; the catalog overlays them.
         self.files: dict[str, DirtyFile] = {}
+        #: Queued namespace changes the server does not show yet: parent -> name -> (journal
+        #: number, the entry, or None for a removed name). The catalog overlays them.
+        self.shadow: dict[str, dict[str, tuple[int, Entry | None]]] = {}
         catalog.overlay = self
         #: Bytes of parts on their way, all files together.
         self.part_bytes = ByteBudget(Shares(catalog.config.memory_limit).uploads)
@@ -389,6 +418,11 @@ class WriteBack:
         #: Where part uploads run; set by the daemon.
         self.nursery: trio.Nursery | None = None
         self._names = itertools.count(1)
+        self.journal = Journal(staging_dir, self.identity)
+        #: Told (path, entry) when a queued upload has left nothing pending: the FUSE layer
+        #: updates what the kernel was shown.
+        self.on_uploaded: Callable[[str, Entry], None] = lambda _path, _entry: None
+        self.queue = WriteQueue(self, parallelism, catalog.remove_batch_max)
 
     def spawn(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
         assert self.nursery is not None, "WriteBack.nursery is not set"
@@ -406,49 +440,46 @@ class WriteBack:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return path, fd
 
+    # -- taking over what earlier daemons left --------------------------------------------
+
     def adopt(self) -> list[DirtyFile]:
-        """Take over the recorded staging files of this URL that no live daemon holds (left by
-        a daemon that was killed, or kept at an unmount whose uploads failed): they become
-        pending files of this mount. Unlocked staging files without a record are removed."""
-        try:
-            names = sorted(os.listdir(self.staging_dir))
-        except FileNotFoundError:
-            return []
-        adopted = []
-        for name in names:
-            if not name.endswith(".data"):
-                continue
-            path = os.path.join(self.staging_dir, name)
-            try:
-                fd = os.open(path, os.O_RDWR)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # a live daemon's file
-                os.close(fd)
-                continue
-            dirty = self._adopt_one(path, fd)
-            if dirty is None:
-                os.close(fd)
-            else:
-                adopted.append(dirty)
+        """Take over what earlier daemons of this catalog (:attr:`identity`) left and no live
+        daemon holds (killed, or unmounted with uploads failing): their journals are replayed
+        into this mount's, in order. Staged files become pending files of this mount
+        (queued, so uploaded in order); queued namespace changes are queued again. Unlocked
+        staging files that no pending record names are removed."""
+        records, old = journals.replay(self.staging_dir, self.identity)
+        records = self._legacy_records() + records
+        adopted, named = [], set()
+        for record in records:
+            if record.get("op") == "stage":
+                dirty = self._adopt_staged(record)
+                if dirty is not None:
+                    adopted.append(dirty)
+                    named.add(os.path.basename(dirty.staging_path))
+            elif record.get("op") in ("mkdir", "unlink", "rmdir"):
+                entry = (Entry(name=record["path"].rpartition("/")[2], kind=Kind.DIR)
+                         if record["op"] == "mkdir" else None)
+                self._queue_change(record["op"], record["path"], entry)
+        os.fdatasync(self.journal.fd)  # taken over: only now may the old journals go
+        journals.remove_journals(old)
+        self._remove_unnamed(named)
         return adopted
 
-    def _adopt_one(self, path: str, fd: int) -> DirtyFile | None:
+    def _adopt_staged(self, record: dict) -> DirtyFile | None:
+        path = os.path.join(self.staging_dir, str(record["file"]))
         try:
-            with open(path + ".json") as sidecar:
-                record = json.load(sidecar)
-        except FileNotFoundError:
-            if os.path.getmtime(path) < time.time() - UNRECORDED_GRACE:
-                # Nothing pending (a crash after its upload, or before it held data).
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            log.error("%s: the staged content of %s is gone (%s)", path, record["path"], exc)
             return None
-        except (OSError, ValueError) as exc:
-            log.error("%s: unreadable record of a staged file (%s): left as it is", path, exc)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a live daemon's file
+            os.close(fd)
             return None
-        if record.get("url") != self.url or record.get("path") in self.files:
+        if record["path"] in self.files:
+            os.close(fd)
             return None
         base_fields = record.get("base")
         name = str(record["path"]).rpartition("/")[2]
@@ -458,15 +489,65 @@ class WriteBack:
             mtime_ns=int(base_fields.get("mtime_ns", 0)))
         dirty = DirtyFile(self, str(record["path"]), base, staged=(path, fd))
         dirty.size = os.fstat(fd).st_size
-        dirty.materialized, dirty.dirty, dirty.recorded = True, True, True
+        dirty.materialized = dirty.dirty = True
         dirty.streaming = False
-        dirty.error = str(record.get("error") or "adopted from an earlier mount")
+        dirty.error = "adopted from an earlier mount"
+        dirty.record()
         self.files[dirty.path] = dirty
         if base is None:
             self.catalog.note_entry(dirty.path, dirty.entry())
+        self._queue_put(dirty)
         log.warning("%s: pending upload of %d bytes adopted from %s", dirty.path, dirty.size,
                     path)
         return dirty
+
+    def _legacy_records(self) -> list[dict]:
+        """``stage`` records of the ``.json`` sidecars an earlier version wrote (its crash
+        leftovers are adopted, then the sidecars go)."""
+        try:
+            names = sorted(os.listdir(self.staging_dir))
+        except FileNotFoundError:
+            return []
+        records = []
+        for name in names:
+            if not name.endswith(".data.json"):
+                continue
+            sidecar = os.path.join(self.staging_dir, name)
+            try:
+                with open(sidecar) as f:
+                    record = json.load(f)
+            except (OSError, ValueError) as exc:
+                log.error("%s: unreadable record of a staged file (%s): left as it is",
+                          sidecar, exc)
+                continue
+            if record.get("url") == self.url:
+                records.append({"op": "stage", "path": record["path"],
+                                "file": name[:-5], "base": record.get("base")})
+                os.unlink(sidecar)
+        return records
+
+    def _remove_unnamed(self, named: set[str]) -> None:
+        for name in os.listdir(self.staging_dir):
+            if not name.endswith(".data") or name in named:
+                continue
+            path = os.path.join(self.staging_dir, name)
+            if os.path.exists(path + ".json"):
+                continue  # another URL's file, recorded by an earlier version
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.path.getmtime(path) < time.time() - UNRECORDED_GRACE:
+                    # Nothing pending (a crash after its upload, or before it held data).
+                    os.unlink(path)
+            except OSError:
+                pass  # a live daemon's file
+            finally:
+                os.close(fd)
+
+    # -- uploads ----------------------------------------------------------------------------
 
     async def run_retries(self) -> None:
         """Retry pending uploads on their own, backing off while they keep failing (a task
@@ -495,6 +576,109 @@ class WriteBack:
         dirty.writers += 1
         return dirty
 
+    async def close(self, dirty: DirtyFile) -> None:
+        """A ``close`` (FUSE flush) of ``dirty``: upload it (sync), or make it durable and
+        queue its upload (async; raises the error of a background upload of it that no close
+        has returned yet)."""
+        if not self.asynchronous:
+            await dirty.commit()
+            return
+        await self.stage(dirty)
+        if dirty.unreported:
+            error, dirty.unreported = dirty.unreported, ""
+            raise Unavailable(f"{dirty.path}: an earlier upload failed: {error} (the new "
+                              "content is staged and queued)")
+
+    async def stage(self, dirty: DirtyFile) -> None:
+        """Make ``dirty``'s content and its record durable on local disk, and queue its
+        upload unless it is queued already (async write-back)."""
+        if not dirty.dirty or dirty.unlinked or dirty.staged == dirty.generation:
+            return
+        dirty.record()
+        if dirty.size <= SYNC_IN_LINE_MAX:
+            # Two fdatasyncs of a small file take less than handing them to a worker thread
+            # and back while uploads keep the loop busy.
+            _sync_both(dirty.fd, self.journal.fd)
+        else:
+            await trio.to_thread.run_sync(_sync_both, dirty.fd, self.journal.fd)
+        self.journal.syncs += 1
+        dirty.staged = dirty.generation
+        if dirty.op is None:
+            self._queue_put(dirty)
+
+    def _queue_put(self, dirty: DirtyFile) -> None:
+        assert dirty.stage_n is not None
+        dirty.op = Op(dirty.stage_n, "put", dirty.path, dirty)
+        self.queue.add(dirty.op)
+
+    async def carry_out(self, op: Op) -> None:
+        """Carry out one queued op other than a removal (the queue batches those)."""
+        if op.kind == "mkdir":
+            await self.catalog.make_directory(op.path)
+            return
+        dirty = op.dirty
+        assert dirty is not None
+        size = min(dirty.size, self.catalog.single_put_max)
+        await self.part_bytes.acquire(size)  # bounds the memory of uploads in flight
+        try:
+            await dirty.commit()
+        finally:
+            self.part_bytes.release(size)
+
+    def op_done(self, op: Op, dropped: RucioFsError | None) -> None:
+        """The queue carried ``op`` out (or ``dropped`` it): the journal and the overlay
+        learn it."""
+        dirty = op.dirty
+        if dirty is not None:
+            dirty.op = None
+            if not dirty.dirty:
+                self._forget(dirty)
+                if dirty.base is not None and self.files.get(dirty.path) is None:
+                    self.on_uploaded(dirty.path, dirty.base)
+            elif dirty.writers == 0 and not dirty.unlinked:
+                self._queue_put(dirty)  # written again after the upload took its snapshot
+            return
+        self.journal.done(op.n)
+        parent, _, name = op.path.rpartition("/")
+        names = self.shadow.get(parent or "/")
+        if names is not None and names.get(name, (0,))[0] == op.n:
+            del names[name]
+            if not names:
+                del self.shadow[parent or "/"]
+        if dropped is not None:  # the server keeps what it has: ask it again
+            self.catalog.forget_tree(op.path)
+            self.catalog.listing.discard(parent or "/")
+
+    # -- namespace changes (async write-back) ----------------------------------------------
+
+    def queue_mkdir(self, path: str, entry: Entry) -> None:
+        self._queue_change("mkdir", path, entry)
+        self.catalog.new_directory(path, entry)
+
+    def queue_removal(self, kind: str, path: str) -> None:
+        self._queue_change(kind, path, None)
+        if kind == "rmdir":
+            self.catalog.listing.discard(path)
+        self.catalog.note_entry(path, None)
+
+    def _queue_change(self, kind: str, path: str, entry: Entry | None) -> None:
+        n = self.journal.append({"op": kind, "path": path})
+        parent, _, name = path.rpartition("/")
+        self.shadow.setdefault(parent or "/", {})[name] = (n, entry)
+        self.queue.add(Op(n, kind, path))
+
+    async def settle(self, *paths: str) -> None:
+        """Until every queued op on a path overlapping ``paths`` is carried out (raises the
+        error of one that fails)."""
+        await self.queue.wait(self.queue.covering(paths))
+
+    async def commit_now(self, dirty: DirtyFile) -> Entry | None:
+        """Upload ``dirty`` now, after what is queued before it; its new entry (None:
+        nothing was pending)."""
+        if self.asynchronous:
+            await self.settle(dirty.path)
+        return await dirty.commit()
+
     async def release(self, dirty: DirtyFile, raise_errors: bool = False) -> None:
         """One writer is gone; after the last, upload what is left and forget the file
         (or keep it pending when the upload fails; ``raise_errors``: and raise)."""
@@ -503,6 +687,11 @@ class WriteBack:
             return
         if dirty.unlinked:
             dirty.close_staging(keep=False)
+            return
+        if self.asynchronous:
+            await self.stage(dirty)
+            if dirty.op is None and not dirty.dirty:
+                self._forget(dirty)
             return
         try:
             await dirty.commit()
@@ -518,7 +707,7 @@ class WriteBack:
     def _forget(self, dirty: DirtyFile) -> None:
         """Done with ``dirty`` (uploaded or discarded), unless a writer opened it again while
         its upload was on its way: then it stays, with its staging file."""
-        if dirty.writers > 0:
+        if dirty.writers > 0 or dirty.op is not None:
             return
         if self.files.get(dirty.path) is dirty:
             del self.files[dirty.path]
@@ -543,6 +732,8 @@ class WriteBack:
             await self.unlinked(target)
             dirty = self.files.pop(path)
             dirty.path = target
+            if dirty.op is not None:
+                dirty.op.path = target
             dirty.rerecord()
             self.files[target] = dirty
 
@@ -550,12 +741,33 @@ class WriteBack:
 
     def entry(self, path: str) -> Entry | None:
         dirty = self.files.get(path)
-        return dirty.entry() if dirty is not None else None
+        if dirty is not None:
+            return dirty.entry()
+        if self.shadow:
+            parent, _, name = path.rpartition("/")
+            return self.shadow.get(parent or "/", {}).get(name, (0, None))[1]
+        return None
+
+    def hides(self, path: str) -> bool:
+        """Whether a queued removal hides ``path`` from what the server still shows."""
+        if not self.shadow or path in self.files:
+            return False
+        parent, _, name = path.rpartition("/")
+        found = self.shadow.get(parent or "/", {}).get(name)
+        return found is not None and found[1] is None
 
     def children(self, directory: str) -> Iterable[Entry]:
         prefix = directory.rstrip("/") + "/"
-        return [dirty.entry() for path, dirty in self.files.items()
-                if path.startswith(prefix) and "/" not in path[len(prefix):]]
+        local = [dirty.entry() for path, dirty in self.files.items()
+                 if path.startswith(prefix) and "/" not in path[len(prefix):]]
+        made = [entry for _n, entry in self.shadow.get(directory, {}).values()
+                if entry is not None]
+        return made + local
+
+    def hidden_children(self, directory: str) -> Iterable[str]:
+        """Names in ``directory`` that queued removals hide."""
+        return [name for name, (_n, entry) in self.shadow.get(directory, {}).items()
+                if entry is None and child(directory, name) not in self.files]
 
     def has_below(self, directory: str) -> bool:
         """Whether a file with local content lies below ``directory``."""
@@ -563,8 +775,12 @@ class WriteBack:
         return any(path.startswith(prefix) for path in self.files)
 
     def pending(self) -> list[DirtyFile]:
-        """Files with no writer left whose upload failed."""
-        return [d for d in self.files.values() if d.writers == 0 and d.dirty]
+        """Files with no writer left whose upload failed (and is not queued)."""
+        return [d for d in self.files.values() if d.writers == 0 and d.dirty and d.op is None]
+
+    def queued(self) -> list[dict[str, object]]:
+        """The queued ops, in order, as ``rucio-fs uploads`` shows them."""
+        return [op.as_dict() for op in self.queue.ops.values()]
 
     async def retry(self) -> list[tuple[str, str]]:
         """Commit every pending file; returns (path, error) of those that failed again."""
@@ -590,17 +806,28 @@ class WriteBack:
             if not dirty.dirty:
                 self._forget(dirty)
                 return None
+        dirty.op = None  # its queued op finds it unlinked: nothing to do
         self._forget(dirty)
         self.catalog.note_entry(path, dirty.base)
         return dirty
 
     async def shutdown(self) -> None:
-        """At unmount: one last try for everything dirty; keep (with a sidecar) what fails."""
+        """At unmount: carry out what is queued (one try each) and one last try for
+        everything dirty; keep (with its record) what fails, for the next mount."""
+        if self.queue.ops:
+            log.info("unmount: %d queued change(s) to carry out", len(self.queue.ops))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self.queue.run)
+                await self.queue.drain()
+                nursery.cancel_scope.cancel()
         for dirty in list(self.files.values()):
             if dirty.fd < 0:
                 continue
             try:
-                await dirty.commit()
+                if dirty.op is None:
+                    await dirty.commit()
+                else:
+                    raise Unavailable(dirty.op.error or "its queued upload failed")
             except RucioFsError as exc:
                 dirty.close_staging(keep=True)
                 log.error("%s: not uploaded (%s); its data is kept in %s", dirty.path, exc,
@@ -608,3 +835,14 @@ class WriteBack:
             else:
                 dirty.close_staging(keep=False)
         self.files.clear()
+        self.journal.close(keep=bool(self.journal.pending))
+
+
+def child(directory: str, name: str) -> str:
+    return "/" + name if directory == "/" else f"{directory}/{name}"
+
+
+def _sync_both(data_fd: int, journal_fd: int) -> None:
+    """The staged bytes, then the journal that names them, made durable (a worker thread)."""
+    os.fdatasync(data_fd)
+    os.fdatasync(journal_fd)

@@ -89,6 +89,22 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
         time.sleep(interval)
 
 
+def journal_records(staging: Path, op: str = "stage") -> list[dict]:
+    """The pending ``op`` records of every journal in ``staging`` (what a next mount replays)."""
+    pending: dict[tuple[str, int], dict] = {}
+    for journal in staging.glob("journal-*.log"):
+        done: set[int] = set()
+        for line in journal.read_text().splitlines()[1:]:
+            record = json.loads(line)
+            if "done" in record:
+                done.update(record["done"])
+            else:
+                pending[(journal.name, record["n"])] = record
+        for n in done:
+            pending.pop((journal.name, n), None)
+    return [r for r in pending.values() if r["op"] == op]
+
+
 def adler32(data: bytes) -> str:
     """A checksum as Rucio writes it: 8 lower-case hex digits."""
     return f"{zlib.adler32(data):08x}"

@@ -10,10 +10,9 @@ import random
 import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import pytest
-from conftest import run_cli, wait_for
+from conftest import journal_records, run_cli, wait_for
 from fault_proxy import fault_proxy
 from odd_names import check_round_trip
 
@@ -286,10 +285,9 @@ def test_unmount_keeps_what_could_not_be_uploaded(mount_fs, s3_server, tmp_path)
         with pytest.raises(OSError):
             f.close()
         assert run_cli("unmount", str(mnt.path)).returncode == 0
-    sidecars = list(staging.glob("*.json"))
-    assert len(sidecars) == 1
-    assert Path(str(sidecars[0])[:-5]).read_bytes() == b"keep me"
-    assert '"/kept"' in sidecars[0].read_text()
+    records = journal_records(staging)
+    assert [r["path"] for r in records] == ["/kept"]
+    assert (staging / records[0]["file"]).read_bytes() == b"keep me"
 
 
 def test_credentials_from_a_shared_file_and_profile(mount_fs, s3_server, tmp_path):

@@ -20,7 +20,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import run_cli, wait_for
+from conftest import journal_records, run_cli, wait_for
 from fault_proxy import fault_proxy
 from test_s3 import mount_s3, unique
 
@@ -107,7 +107,7 @@ def test_close_returns_zero_only_for_a_byte_identical_object(mount_fs, s3_server
 
 def test_a_killed_daemon_loses_no_pending_data(mount_fs, s3_server, tmp_path):
     """kill -9 with a file open and written: the next mount (same URL and staging directory)
-    lists the staged file as pending, and uploads it once the server takes it."""
+    lists the staged file as queued, and uploads it once the server takes it."""
     prefix = unique("killed")
     staging = tmp_path / "staging"
     options = ["-o", "timeout=1s", "--timeout", "5", "--staging-dir", str(staging)]
@@ -123,16 +123,17 @@ def test_a_killed_daemon_loses_no_pending_data(mount_fs, s3_server, tmp_path):
         subprocess.run(["fusermount3", "-u", "-z", str(first.path)], capture_output=True)
         with pytest.raises(OSError):
             f.close()
-        assert list(staging.glob("*.data.json")), "no record of the staged data"
+        assert [r["path"] for r in journal_records(staging)] == ["/open-file"], \
+            "no record of the staged data"
         proxy.inject("error", "/open-file", method="PUT")
         second = mount_fs(url, "-o", f"endpoint_url={proxy.url}", *options)
         listed = run_cli("uploads", str(second.path))
-        assert "pending /open-file" in listed.stdout, listed.stdout
+        assert "put /open-file" in listed.stdout and listed.returncode == 1, listed.stdout
         assert (second.path / "open-file").read_bytes() == b"written, never closed"
         proxy.clear()
         wait_for(lambda: _stored(s3_server, f"{prefix}/open-file") == b"written, never closed",
                  timeout=40, interval=0.5)
-        wait_for(lambda: not list(staging.glob("*.json")), timeout=10)
+        wait_for(lambda: not journal_records(staging), timeout=10)
 
 
 def test_pending_uploads_are_retried_on_their_own(mount_fs, s3_server):

@@ -35,7 +35,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -56,13 +56,24 @@ from rucio_fs.errors import (
     NotPermitted,
     NotSupported,
     PermissionDenied,
+    RucioFsError,
     Unavailable,
     Unconfirmed,
 )
 from rucio_fs.http import ApiClient, RangeReader, client_counters, quote_path, tls_context
 from rucio_fs.tasks import open_nursery
 
-from .pages import PageFolder, describe, next_token, parse_page, result
+from .pages import (
+    DELETE_BATCH,
+    PageFolder,
+    delete_errors,
+    delete_request,
+    describe,
+    next_token,
+    parse_page,
+    result,
+    xml_safe,
+)
 from .settings import S3Settings, parse_url
 from .signing import SigV4
 from .upload import MultipartUpload, content_md5, md5, md5_of
@@ -392,6 +403,38 @@ class S3Backend(Backend):
         key = self._key(path)
         await self._api().request("DELETE", self._url_path(key), expect=(200, 204),
                                   what=f"DELETE {key}")
+
+    remove_batch_max = DELETE_BATCH
+
+    async def remove_many(self, items: Sequence[tuple[str, Kind]]
+                          ) -> Mapping[str, RucioFsError]:
+        """One DeleteObjects request for all of ``items`` (a directory's marker is deleted
+        without looking below it: see :meth:`Backend.remove_many`). Keys XML cannot carry go
+        one by one."""
+        keys = {self._key(path) + ("/" if kind is Kind.DIR else ""): path
+                for path, kind in items}
+        failures: dict[str, RucioFsError] = {}
+        for key in [key for key in keys if not xml_safe(key)]:
+            path = keys.pop(key)
+            try:
+                await (self.rmdir(path) if key.endswith("/") else self.unlink(path))
+            except NotFound:
+                pass
+            except RucioFsError as exc:
+                failures[path] = exc
+        if not keys:
+            return failures
+        body = delete_request(keys)
+        response = await self._api().request(
+            "POST", self._bucket_path + "/" + self._query({"delete": ""}),
+            what=f"DeleteObjects of {len(keys)} keys", content=body,
+            headers={"Content-MD5": content_md5(md5(body)),
+                     "Content-Type": "application/xml"})
+        for key, code, message in delete_errors(response.content):
+            if code != "NoSuchKey" and key in keys:
+                failures[keys[key]] = (PermissionDenied if code == "AccessDenied"
+                                       else Unavailable)(f"DELETE {key}: {code}: {message}")
+        return failures
 
     async def rmdir(self, path: str) -> None:
         """Look first, then delete the marker: a directory with any key below its marker is

@@ -9,10 +9,11 @@ from __future__ import annotations
 import html
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
+from xml.sax.saxutils import escape
 
 import httpx
 
@@ -90,6 +91,38 @@ def parse_page(body: bytes, prefix: str) -> tuple[list[dict[str, str]], list[str
             item["Key"] = unquote(item.get("Key", ""))
         prefixes = [unquote(p) for p in prefixes]
     return contents, prefixes
+
+
+#: The most keys one DeleteObjects request may name (S3's limit).
+DELETE_BATCH = 1000
+_XML_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_safe(key: str) -> bool:
+    """Whether XML 1.0 can carry ``key`` (a DeleteObjects request names keys in XML)."""
+    return _XML_UNSAFE.search(key) is None
+
+
+def delete_request(keys: Iterable[str]) -> bytes:
+    """A quiet DeleteObjects body: the answer names only the keys that failed."""
+    objects = "".join(f"<Object><Key>{escape(key)}</Key></Object>" for key in keys)
+    return ('<?xml version="1.0" encoding="UTF-8"?><Delete '
+            'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><Quiet>true</Quiet>'
+            f"{objects}</Delete>").encode()
+
+
+def delete_errors(body: bytes) -> list[tuple[str, str, str]]:
+    """(key, code, message) of each failure a DeleteObjects answer names; an answer that is
+    not a whole DeleteResult is an error (never taken as "all deleted")."""
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError as exc:
+        raise Unavailable(f"DeleteObjects: malformed answer ({exc})") from None
+    if _local(root.tag) != "DeleteResult":
+        fields = _children(root)
+        raise Unavailable(f"DeleteObjects: {describe_fields(fields) or _local(root.tag)}")
+    return [(f.get("Key", ""), f.get("Code", ""), f.get("Message", ""))
+            for f in (_children(e) for e in root if _local(e.tag) == "Error")]
 
 
 def result(response: httpx.Response, what: str) -> dict[str, str]:

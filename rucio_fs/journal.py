@@ -1,0 +1,234 @@
+"""The journal: what a writable mount still owes the server, in the order it was promised.
+
+Contract:
+
+* Each daemon of a writable mount appends to its own journal, ``journal-<pid>-<k>.log`` in the
+  staging directory, ``flock``-ed while the daemon lives. Its first line names the catalog
+  (the backend's identity, else the mount URL).
+* A record is one JSON line with a number ``n`` (increasing within the journal): ``stage``
+  (a staging file holds content of ``path`` the server does not have), ``mkdir``, ``unlink``,
+  ``rmdir`` (a change of the namespace queued for the server). A record is *pending* until a
+  ``done`` record names its number.
+* :meth:`Journal.append` writes at once: a daemon killed afterwards (``kill -9``, OOM) leaves
+  the record behind, since the page cache outlives the process; an ``fdatasync`` of
+  :attr:`Journal.fd` makes everything appended so far durable across a power cut (async
+  write-back does it at every ``close``). ``done`` records are never synced: a lost one only
+  makes the next mount do an idempotent step again (upload the same bytes, delete a deleted
+  name).
+* :func:`replay` reads the journals of a URL whose daemons are gone and returns their pending
+  records in order, older journals first. A pending record that a later record on an
+  overlapping path supersedes (that later one is done, and records on overlapping paths are
+  carried out in order) is left out, and so is a ``stage`` record whose staging file a later
+  ``stage`` record names (the file moved). The caller re-appends what it takes over to its own
+  journal, syncs it, and only then removes the old journals (:func:`remove_journals`), so a
+  crash in between replays them twice, which is idempotent.
+* Once it has grown past :data:`COMPACT_BYTES`, the journal is emptied back to its first line
+  when nothing is pending, and rewritten with only its pending records past
+  :data:`REWRITE_BYTES`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+#: Past this size a journal is emptied when nothing is pending.
+COMPACT_BYTES = 1 << 20
+#: Past this size a journal is rewritten with only its pending records.
+REWRITE_BYTES = 64 << 20
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Whether one of two catalog paths is the other or lies below it."""
+    if a == b or a == "/" or b == "/":
+        return True
+    return b.startswith(a + "/") or a.startswith(b + "/")
+
+
+class Journal:
+    """One daemon's journal. Every method runs on the trio loop."""
+
+    def __init__(self, staging_dir: str, url: str) -> None:
+        self.staging_dir = staging_dir
+        self.url = url
+        os.makedirs(staging_dir, mode=0o700, exist_ok=True)
+        for k in itertools.count(1):
+            self.path = os.path.join(staging_dir, f"journal-{os.getpid()}-{k}.log")
+            try:
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND,
+                                  0o600)
+                break
+            except FileExistsError:
+                continue
+        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._header = _line({"journal": FORMAT, "url": url})
+        os.write(self.fd, self._header)
+        self._bytes = len(self._header)
+        self._numbers = itertools.count(1)
+        #: Pending records by number, in order.
+        self.pending: dict[int, dict[str, Any]] = {}
+        #: How many times the journal was made durable (fdatasync).
+        self.syncs = 0
+
+    def append(self, record: dict[str, Any]) -> int:
+        """Write ``record`` (given a number); returns the number."""
+        n = record["n"] = next(self._numbers)
+        self.pending[n] = record
+        self._write(_line(record))
+        return n
+
+    def done(self, *numbers: int) -> None:
+        """The records ``numbers`` are carried out (or have nothing left to do)."""
+        numbers = tuple(n for n in numbers if self.pending.pop(n, None) is not None)
+        if not numbers:
+            return
+        if self._bytes > COMPACT_BYTES and not self.pending:
+            os.ftruncate(self.fd, len(self._header))  # nothing left to replay
+            self._bytes = len(self._header)
+            return
+        self._write(_line({"done": list(numbers)}))
+        if self._bytes > REWRITE_BYTES:
+            self._rewrite()
+
+    def _write(self, data: bytes) -> None:
+        os.write(self.fd, data)
+        self._bytes += len(data)
+
+    def _rewrite(self) -> None:
+        """Replace the journal by its header and its pending records (written to a new file
+        first, so a crash leaves the old or the new one whole)."""
+        temporary = self.path + ".tmp"
+        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        os.write(fd, self._header + b"".join(_line(r) for r in self.pending.values()))
+        if self.pending:
+            os.fdatasync(fd)
+        os.replace(temporary, self.path)
+        os.close(self.fd)
+        self.fd = fd
+        self._bytes = os.fstat(fd).st_size
+
+    def close(self, keep: bool) -> None:
+        """At unmount: remove the journal unless ``keep`` (records are still pending)."""
+        if not keep or not self.pending:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        os.close(self.fd)
+        self.fd = -1
+
+
+def _line(record: Mapping[str, Any]) -> bytes:
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False,
+                      ).encode("utf-8", "surrogateescape") + b"\n"
+
+
+def _unlocked_journals(staging_dir: str, url: str) -> list[tuple[str, int]]:
+    """(path, locked fd) of the journals of ``url`` no live daemon holds, oldest first."""
+    try:
+        names = os.listdir(staging_dir)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        if not (name.startswith("journal-") and name.endswith(".log")):
+            continue
+        path = os.path.join(staging_dir, name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with open(path, "rb") as f:
+                header = json.loads(f.readline() or b"{}")
+        except (OSError, ValueError):
+            os.close(fd)
+            continue
+        if header.get("url") != url:
+            os.close(fd)
+            continue
+        found.append((os.fstat(fd).st_mtime_ns, path, fd))
+    found.sort()
+    return [(path, fd) for _mtime, path, fd in found]
+
+
+def replay(staging_dir: str, url: str) -> tuple[list[dict[str, Any]], list[tuple[str, int]]]:
+    """The pending records of the journals of ``url`` left by daemons that are gone, in
+    order (numbers are the caller's to give again), and those journals (path, locked fd)
+    for :func:`remove_journals` once the caller has taken the records over."""
+    journals = _unlocked_journals(staging_dir, url)
+    records: list[dict[str, Any]] = []
+    for path, _fd in journals:
+        records += _pending_of(path)
+    return _without_superseded(records), journals
+
+
+def remove_journals(journals: Iterable[tuple[str, int]]) -> None:
+    for path, fd in journals:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+
+
+def _pending_of(path: str) -> list[dict[str, Any]]:
+    pending: dict[int, dict[str, Any]] = {}
+    done: set[int] = set()
+    with open(path, "rb") as f:
+        f.readline()
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break  # torn by a power cut: it was never synced, so never promised
+            try:
+                record = json.loads(raw.decode("utf-8", "surrogateescape"))
+            except ValueError:
+                log.error("%s: unreadable journal line left out: %r", path, raw[:200])
+                continue
+            if "done" in record:
+                done.update(record["done"])
+            else:
+                pending[record["n"]] = record
+    # Records on overlapping paths are carried out in order, so a later record that is done
+    # implies the earlier ones were too, even if a power cut lost their done records.
+    done_paths: set[str] = set()
+    done_above: set[str] = set()  # every ancestor of a path in done_paths
+    result = []
+    for n, record in sorted(pending.items(), reverse=True):
+        path = str(record["path"])
+        if n in done:
+            done_paths.add(path)
+            done_above.update(_ancestors(path))
+            continue
+        if (path in done_paths or path in done_above
+                or any(a in done_paths for a in _ancestors(path))):
+            continue
+        result.append({k: v for k, v in record.items() if k != "n"})
+    result.reverse()
+    return result
+
+
+def _ancestors(path: str) -> list[str]:
+    """``/a/b/c`` -> ``/a/b``, ``/a``, ``/``."""
+    found = []
+    while path not in ("/", ""):
+        path = path.rpartition("/")[0] or "/"
+        found.append(path)
+    return found
+
+
+def _without_superseded(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A staging file named by several ``stage`` records belongs to the last one."""
+    last: dict[str, int] = {}
+    for index, record in enumerate(records):
+        if record.get("op") == "stage":
+            last[record["file"]] = index
+    return [r for i, r in enumerate(records)
+            if r.get("op") != "stage" or last[r["file"]] == i]

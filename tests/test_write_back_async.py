@@ -1,0 +1,318 @@
+"""Async write-back (``--write-back async``) through real mounts on versitygw and the iRODS
+fake: what a returned ``close``, ``mkdir``, ``unlink`` and ``rmdir`` promise holds after
+``kill -9`` of the daemon, with the server stopped meanwhile, and in the order given.
+
+The promise: once ``close`` returned 0, the content is on the server byte-identical after the
+queue has drained, in this mount or in the next one of the same URL and staging directory
+(``kill -9``); a name removed or made through the mount is removed or made there too, in
+order; nothing else appears. Until then the mount shows the promised state.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import journal_records, run_cli, wait_for
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+ASYNC = ("--write-back", "async")
+#: Fail fast while the server is down (the uploads are retried in the background anyway).
+SHORT = ("-o", "timeout=1s", "--timeout", "3")
+
+
+class Catalog:
+    """One writable catalog location of a test: its URL and mount options."""
+
+    def __init__(self, url: str, options: tuple[str, ...], server) -> None:
+        self.url, self.options, self.server = url, options, server
+
+
+@pytest.fixture(params=["s3", "irods"])
+def catalog(request) -> Catalog:
+    if request.param == "s3":
+        server = request.getfixturevalue("s3_server")
+        return Catalog(f"s3://test/async-{uuid.uuid4().hex[:8]}",
+                       ("-o", f"endpoint_url={server.endpoint}"), server)
+    server = request.getfixturevalue("irods_server")
+    return Catalog(server.url(server.collection("async")), (), server)
+
+
+@pytest.fixture
+def s3_catalog(s3_server) -> Catalog:
+    return Catalog(f"s3://test/async-{uuid.uuid4().hex[:8]}",
+                   ("-o", f"endpoint_url={s3_server.endpoint}"), s3_server)
+
+
+def small_tree(root: Path, files: int, seed: int = 7) -> None:
+    """``files`` files of 0-200 KB in two levels of directories, plus an empty directory."""
+    rng = random.Random(seed)
+    for i in range(files):
+        path = root / f"d{i % 3}" / f"e{i % 2}" / f"f{i:03d}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(rng.choice([0, 1, 700, 30_000, 200_000])))
+    (root / "empty").mkdir()
+
+
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    """Every directory (None) and file (its bytes) below ``root``, by relative path."""
+    found: dict[str, bytes | None] = {}
+    for directory, dirs, files in os.walk(root):
+        rel = os.path.relpath(directory, root)
+        for name in dirs:
+            found[os.path.normpath(os.path.join(rel, name))] = None
+        for name in files:
+            found[os.path.normpath(os.path.join(rel, name))] = (Path(directory) / name
+                                                                ).read_bytes()
+    return found
+
+
+def on_server(mount_fs, catalog: Catalog, tmp_path: Path) -> dict[str, bytes | None]:
+    """What the server holds, seen through a fresh mount with every cache off."""
+    fresh = mount_fs(catalog.url, *catalog.options, "--cold", "--staging-dir",
+                     str(tmp_path / f"fresh-{uuid.uuid4().hex[:6]}"))
+    try:
+        return snapshot(fresh.path)
+    finally:
+        fresh.unmount()
+
+
+def drained(mnt) -> None:
+    result = run_cli("uploads", "--wait", str(mnt.path))
+    assert result.returncode == 0 and "no pending uploads" in result.stdout, result.stdout
+
+
+def kill(mnt) -> None:
+    """kill -9 of the daemon; the kernel mount goes too."""
+    pid = mnt.stats()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"))
+    subprocess.run(["fusermount3", "-u", "-z", str(mnt.path)], capture_output=True)
+
+
+def test_a_copied_and_removed_tree_matches_the_server(catalog, mount_fs, tmp_path):
+    source = tmp_path / "source"
+    small_tree(source, 60)
+    mnt = mount_fs(catalog.url, *catalog.options, *ASYNC, "--staging-dir",
+                   str(tmp_path / "staging"))
+    subprocess.run(["cp", "-r", str(source), str(mnt.path / "tree")], check=True)
+    # Read-your-writes: the mount shows the copy whatever the queue has done.
+    assert snapshot(mnt.path / "tree") == snapshot(source)
+    drained(mnt)
+    assert snapshot(mnt.path / "tree") == snapshot(source)
+    held = on_server(mount_fs, catalog, tmp_path)
+    assert {k[5:]: v for k, v in held.items() if k.startswith("tree/")} == snapshot(source)
+    subprocess.run(["rm", "-r", str(mnt.path / "tree")], check=True)
+    assert not (mnt.path / "tree").exists()
+    drained(mnt)
+    assert on_server(mount_fs, catalog, tmp_path) == {}
+    assert journal_records(tmp_path / "staging") == []
+
+
+def test_removals_queued_meanwhile_go_in_one_request(s3_catalog, mount_fs, tmp_path):
+    prefix = s3_catalog.url.split("/", 3)[3]
+    s3_catalog.server.seed(prefix, {f"many/f{i:03d}": b"x" for i in range(300)})
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
+                   "--staging-dir", str(tmp_path / "staging"))
+    assert len(os.listdir(mnt.path / "many")) == 300
+    with s3_catalog.server.gateway_down():
+        subprocess.run(["rm", "-r", str(mnt.path / "many")], check=True)
+        assert not (mnt.path / "many").exists()
+        mnt.stats(reset=True)
+    drained(mnt)
+    # 301 removals in a few requests: the files together, their directory after them (and
+    # a failed try or two while the server was still down).
+    assert 2 <= mnt.backend_calls("remove_many") <= 8
+    assert on_server(mount_fs, s3_catalog, tmp_path) == {}
+
+
+def test_kill_9_right_after_cp_loses_nothing(catalog, mount_fs, tmp_path):
+    source = tmp_path / "source"
+    small_tree(source, 40, seed=8)
+    staging = str(tmp_path / "staging")
+    mnt = mount_fs(catalog.url, *catalog.options, *ASYNC, "--staging-dir", staging)
+    subprocess.run(["cp", "-r", str(source), str(mnt.path / "tree")], check=True)
+    kill(mnt)
+    again = mount_fs(catalog.url, *catalog.options, *ASYNC, "--staging-dir", staging)
+    drained(again)
+    held = on_server(mount_fs, catalog, tmp_path)
+    assert {k[5:]: v for k, v in held.items() if k.startswith("tree/")} == snapshot(source)
+    assert set(held) == {"tree"} | {f"tree/{k}" for k in snapshot(source)}
+    assert journal_records(Path(staging)) == []
+
+
+def test_the_server_down_during_the_copy_then_a_kill_loses_nothing(s3_catalog, mount_fs,
+                                                                    tmp_path):
+    source = tmp_path / "source"
+    small_tree(source, 30, seed=9)
+    staging = str(tmp_path / "staging")
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
+                   "--staging-dir", staging)
+    os.listdir(mnt.path)  # the root's listing answers lookups while the server is down
+    with s3_catalog.server.gateway_down():
+        subprocess.run(["cp", "-r", str(source), str(mnt.path / "tree")], check=True)
+        assert snapshot(mnt.path / "tree") == snapshot(source)
+        kill(mnt)
+        assert journal_records(Path(staging)), "nothing journaled"
+    again = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, "--staging-dir", staging)
+    drained(again)
+    held = on_server(mount_fs, s3_catalog, tmp_path)
+    assert {k[5:]: v for k, v in held.items() if k.startswith("tree/")} == snapshot(source)
+    assert journal_records(Path(staging)) == []
+
+
+def test_write_rename_unlink_and_mkdir_are_replayed_in_order(s3_catalog, mount_fs, tmp_path):
+    s3_catalog.server.seed(s3_catalog.url.split("/", 3)[3], {"old": b"on the server",
+                                                              "kept": b"stays"})
+    staging = str(tmp_path / "staging")
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
+                   "--staging-dir", staging)
+    root = mnt.path
+    assert sorted(os.listdir(root)) == ["kept", "old"]
+    with s3_catalog.server.gateway_down():
+        (root / "a").write_bytes(b"first")
+        os.rename(root / "a", root / "b")
+        (root / "c").write_bytes(b"never stored")
+        os.unlink(root / "c")
+        os.unlink(root / "old")
+        os.mkdir(root / "d")
+        (root / "d" / "e").write_bytes(b"in d")
+        fd = os.open(root / "b", os.O_WRONLY | os.O_TRUNC)
+        os.write(fd, b"second")
+        try:
+            os.close(fd)
+        except OSError as exc:  # the failed upload of "first", if it was tried already
+            assert exc.errno == errno.EIO
+        os.mkdir(root / "gone")
+        os.rmdir(root / "gone")
+        # The mount shows what was promised, although the server has none of it.
+        assert sorted(os.listdir(root)) == ["b", "d", "kept"]
+        assert snapshot(root / "d") == {"e": b"in d"}
+        assert (root / "b").read_bytes() == b"second"
+        kill(mnt)
+    again = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, "--staging-dir", staging)
+    drained(again)
+    assert on_server(mount_fs, s3_catalog, tmp_path) == {
+        "b": b"second", "d": None, "d/e": b"in d", "kept": b"stays"}
+
+
+def test_an_upload_error_after_close_is_kept_and_returned_by_fsync(s3_catalog, mount_fs,
+                                                                   tmp_path):
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
+                   "--staging-dir", str(tmp_path / "staging"))
+    os.listdir(mnt.path)
+    with s3_catalog.server.gateway_down():
+        (mnt.path / "x").write_bytes(b"queued")  # close returns: staged durably
+        fd = os.open(mnt.path / "x", os.O_RDONLY)
+        try:
+            with pytest.raises(OSError) as raised:
+                os.fsync(fd)
+            assert raised.value.errno == errno.EIO
+        finally:
+            os.close(fd)
+        listed = run_cli("uploads", str(mnt.path))
+        assert listed.returncode == 1 and "queued put /x" in listed.stdout, listed.stdout
+        assert (mnt.path / "x").read_bytes() == b"queued"
+        # The next close of the path returns the error too (its new content is queued).
+        with pytest.raises(OSError) as raised, open(mnt.path / "x", "wb") as f:
+            f.write(b"again")
+        assert raised.value.errno == errno.EIO
+        assert mnt.stats()["events"].get("write_back_errors", 0) >= 1
+    drained(mnt)
+    assert on_server(mount_fs, s3_catalog, tmp_path) == {"x": b"again"}
+
+
+class AsyncMachine(RuleBasedStateMachine):
+    """Random files, directories, renames and removals through an async mount, with the
+    daemon killed at random points; the server must end up as the model says (what every
+    returned ``close``/``mkdir``/``unlink``/``rename`` promised)."""
+
+    names = st.sampled_from(["f1", "f2", "d1/f3", "d1/f4", "d2/f5"])
+
+    def __init__(self) -> None:
+        super().__init__()
+        ctx = self.context
+        self.catalog = Catalog(f"s3://test/machine-{uuid.uuid4().hex[:8]}",
+                               ("-o", f"endpoint_url={ctx['server'].endpoint}"),
+                               ctx["server"])
+        self.staging = ctx["tmp"] / f"staging-{uuid.uuid4().hex[:6]}"
+        self.model: dict[str, bytes | None] = {}
+        self.mnt = self._mount()
+
+    def _mount(self):
+        return self.context["mount_fs"](self.catalog.url, *self.catalog.options, *ASYNC,
+                                        "--staging-dir", str(self.staging))
+
+    def _ensure_parent(self, name: str) -> None:
+        if "/" in name:
+            directory = name.split("/")[0]
+            if directory not in self.model:
+                os.mkdir(self.mnt.path / directory)
+                self.model[directory] = None
+
+    @rule(name=names, size=st.sampled_from([0, 1, 5000, 70_000]), seed=st.integers(0, 99))
+    def write(self, name, size, seed):
+        self._ensure_parent(name)
+        data = random.Random(seed).randbytes(size)
+        (self.mnt.path / name).write_bytes(data)
+        self.model[name] = data
+
+    @precondition(lambda self: any(v is not None for v in self.model.values()))
+    @rule(data=st.data())
+    def unlink(self, data):
+        name = data.draw(st.sampled_from(sorted(k for k, v in self.model.items()
+                                                if v is not None)))
+        os.unlink(self.mnt.path / name)
+        del self.model[name]
+
+    @precondition(lambda self: any(v is not None for v in self.model.values()))
+    @rule(data=st.data(), to=names)
+    def rename(self, data, to):
+        name = data.draw(st.sampled_from(sorted(k for k, v in self.model.items()
+                                                if v is not None)))
+        if name == to:
+            return
+        self._ensure_parent(to)
+        os.rename(self.mnt.path / name, self.mnt.path / to)
+        self.model[to] = self.model.pop(name)
+
+    @rule(directory=st.sampled_from(["d1", "d2"]))
+    def remove_directory_if_empty(self, directory):
+        if directory in self.model and not any(k.startswith(directory + "/")
+                                               for k in self.model):
+            os.rmdir(self.mnt.path / directory)
+            del self.model[directory]
+
+    @rule()
+    def crash(self):
+        kill(self.mnt)
+        self.mnt = self._mount()
+
+    @invariant()
+    def the_mount_shows_the_model(self):
+        assert snapshot(self.mnt.path) == self.model
+
+    def teardown(self):
+        drained(self.mnt)
+        held = on_server(self.context["mount_fs"], self.catalog, self.context["tmp"])
+        self.mnt.unmount()
+        assert held == self.model
+        assert journal_records(self.staging) == []
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def test_crashes_at_random_points_keep_every_promise(s3_server, mount_fs, tmp_path):
+    AsyncMachine.context = {"server": s3_server, "mount_fs": mount_fs, "tmp": tmp_path}
+    runner = AsyncMachine.TestCase
+    runner.settings = settings(max_examples=6, stateful_step_count=10, deadline=None,
+                               suppress_health_check=list(HealthCheck))
+    runner().runTest()
