@@ -12,6 +12,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -158,10 +159,16 @@ def small_tree(root: Path, files: int) -> int:
     return total
 
 
+def geesefs_binary() -> str | None:
+    """GeeseFS, when built (``$GEESEFS``, else ``geesefs`` on the PATH): it has no Debian
+    package; ``go build`` of its source makes it (see benchmarks/README.md)."""
+    return os.environ.get("GEESEFS") or shutil.which("geesefs")
+
+
 @contextmanager
 def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path) -> Iterator[Path]:
-    """``prefix`` of bucket ``test`` mounted by rucio-fs, ``s3fs`` or ``rclone`` (``env``: the
-    ``server.env`` of ``scripts/servers/s3.sh``); unmounted on exit."""
+    """``prefix`` of bucket ``test`` mounted by rucio-fs, ``s3fs``, ``geesefs`` or ``rclone``
+    (``env``: the ``server.env`` of ``scripts/servers/s3.sh``); unmounted on exit."""
     path = Path(tempfile.mkdtemp(dir=root))
     endpoint = env["VGW_ENDPOINT"]
     if kind == "rucio-fs":
@@ -171,6 +178,7 @@ def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path) -> Iterator[Pat
         finally:
             mount.unmount()
         return
+    peer_env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
     if kind == "s3fs":
         secrets = root / "s3fs.passwd"
         secrets.write_text(f"{env['AWS_ACCESS_KEY_ID']}:{env['AWS_SECRET_ACCESS_KEY']}\n")
@@ -178,8 +186,12 @@ def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path) -> Iterator[Pat
         subprocess.run(["s3fs", "test:/" + prefix, str(path), "-o",
                         f"url={endpoint},use_path_request_style,passwd_file={secrets},"
                         "endpoint=us-east-1"], check=True)
+    elif kind == "geesefs":
+        peer_env.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+        subprocess.run([geesefs_binary() or "geesefs", "--endpoint", endpoint,
+                        f"test:{prefix}", str(path)], check=True, env=peer_env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     else:
-        peer_env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
         peer_env.update({"RCLONE_CONFIG_S3_TYPE": "s3", "RCLONE_CONFIG_S3_PROVIDER": "Other",
                          "RCLONE_CONFIG_S3_ENDPOINT": endpoint,
                          "RCLONE_CONFIG_S3_ACCESS_KEY_ID": env["AWS_ACCESS_KEY_ID"],

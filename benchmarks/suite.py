@@ -60,8 +60,10 @@ from common import (
     concurrently,
     drop_page_cache,
     free_port,
+    geesefs_binary,
     irods_fake_control,
     md5_prefix,
+    peak_rss_mb,
     random_file,
     rclone_http_mount,
     read_env,
@@ -74,6 +76,7 @@ from common import (
     tmpfs_twin,
 )
 
+from rucio_fs import control
 from rucio_fs.testing import irods_fake
 from rucio_fs.testing.mount import RUCIO_FS
 
@@ -501,8 +504,8 @@ def client_dir(root: Path, target: Target, client: str, name: str) -> Iterator[P
         path.mkdir(exist_ok=True)
         yield path
         return
-    if client == "rucio-fs":
-        m = Mount(root, target.writable)
+    if client.startswith("rucio-fs"):
+        m = Mount(root, target.writable, *WRITE_BACK[client])
         try:
             (m.path / name).mkdir(exist_ok=True)
             yield m.path / name
@@ -514,17 +517,34 @@ def client_dir(root: Path, target: Target, client: str, name: str) -> Iterator[P
         yield path
 
 
+#: The mount options of each rucio-fs client of the write experiments.
+WRITE_BACK = {"rucio-fs": (), "rucio-fs async": ("--write-back", "async")}
+
+
+def drain(client: str, mount_dir: Path) -> float:
+    """Seconds until an async mount's queue is empty (0 for the others)."""
+    if client != "rucio-fs async":
+        return 0.0
+    return timed([sys.executable, "-m", "rucio_fs", "uploads", "--wait", str(mount_dir)])
+
+
 def exp_geesefs(root: Path, target: Target, res: Results, files: int, big_bytes: int,
                 peers: list[str]) -> None:
     source = root / "geesefs-source"
     total = small_tree(source, files)
     rows = []
-    for client in progress(["local disk", "rucio-fs", *peers], "GeeseFS small files"):
+    for client in progress(["local disk", *WRITE_BACK, *peers], "GeeseFS small files"):
         with client_dir(root, target, client, f"small-{uuid.uuid4().hex[:6]}") as d:
             copy = timed(["cp", "-r", str(source), str(d / "tree")])
+            copy_drain = drain(client, d.parent)
             remove = timed(["rm", "-r", str(d / "tree")])
+            remove_drain = drain(client, d.parent)
+            # the daemon's most resident memory over the whole test (VmHWM)
+            peak = peak_rss_mb(control.request(str(d.parent), "info")["pid"]) \
+                if client.startswith("rucio-fs") else 0.0
         rows.append({"test": "small files", "client": client, "files": files, "bytes": total,
-                     "cp_s": copy, "rm_s": remove})
+                     "cp_s": copy, "rm_s": remove, "cp_drain_s": copy_drain,
+                     "rm_drain_s": remove_drain, "rss_peak_MB": peak})
     shutil.rmtree(source)
     big = root / "geesefs-big"
     md5 = random_file(big, big_bytes)
@@ -553,16 +573,19 @@ def exp_geesefs(root: Path, target: Target, res: Results, files: int, big_bytes:
             if key in r:
                 r[f"{key[:-2]}_x_local"] = r[key] / local[r["test"]][key]
     res.table("geesefs", [{k: r.get(k, "") for k in (
-        "test", "client", "files", "bytes", "cp_s", "rm_s", "cp_x_local", "rm_x_local",
+        "test", "client", "files", "bytes", "cp_s", "rm_s", "cp_drain_s", "rm_drain_s",
+        "rss_peak_MB", "cp_x_local", "rm_x_local",
         "write_s", "read_s", "write_MBps", "read_MBps", "write_x_local", "read_x_local",
         "identical")} for r in rows])
     res.summary += [f"## GeeseFS tests ({files} files of 0.5-300 KB, "
                     f"{total / files / 1000:.0f} KB on average, 1,024 directories)", "",
-                    "| client | cp -r s | rm -r s | cp x local | rm x local |",
-                    "|---|---:|---:|---:|---:|"]
+                    "| client | cp -r s | rm -r s | cp x local | rm x local | then drained s |",
+                    "|---|---:|---:|---:|---:|---|"]
     res.summary += [f"| {r['client']} | {r['cp_s']:.2f} | {r['rm_s']:.2f} | "
-                    f"{r['cp_x_local']:.1f} | {r['rm_x_local']:.1f} |"
-                    for r in rows if r["test"] == "small files"]
+                    f"{r['cp_x_local']:.1f} | {r['rm_x_local']:.1f} | "
+                    + (f"{r['cp_drain_s']:.2f} + {r['rm_drain_s']:.2f}, RSS peak "
+                       f"{r['rss_peak_MB']:.0f} MiB" if r["client"] == "rucio-fs async" else "")
+                    + " |" for r in rows if r["test"] == "small files"]
     res.summary += ["", f"| client | write {big_bytes / 1e9:.2f} GB MB/s | cold read MB/s | "
                         "byte-identical |", "|---|---:|---:|---|"]
     res.summary += [f"| {r['client']} | {r['write_MBps']:.0f} | {r['read_MBps']:.0f} | "
@@ -625,33 +648,37 @@ def mdtest_phases(base: Path, branch: int, depth: int, items: int, size: int,
 def exp_mdtest(root: Path, target: Target, res: Results, branch: int, depth: int,
                items: int, size: int) -> None:
     measured = {}
-    for client in progress(["local disk", "rucio-fs"], "mdtest"):
+    for client in progress(["local disk", *WRITE_BACK], "mdtest"):
         name = f"mdtest-{uuid.uuid4().hex[:6]}"
         if client == "local disk":
             with client_dir(root, target, client, name) as d:
                 measured[client] = mdtest_phases(d / "tree", branch, depth, items, size,
                                                  drop_page_cache)
             continue
-        m = Mount(root, target.writable)
+        m = Mount(root, target.writable, *WRITE_BACK[client])
         res.mount_config("mdtest", m)
         try:
             (m.path / name).mkdir()
             measured[client] = mdtest_phases(m.path / name / "tree", branch, depth, items,
                                              size, m.drop)
+            drain(client, m.path)
         finally:
             m.unmount(check=True)
     rows = []
     for phase, (ops, local_s) in measured["local disk"].items():
-        mount_s = measured["rucio-fs"][phase][1]
-        rows.append({"phase": phase, "operations": ops, "local_ops_per_s": ops / local_s,
-                     "mount_ops_per_s": ops / mount_s, "mount_s_x_local": mount_s / local_s})
+        row = {"phase": phase, "operations": ops, "local_ops_per_s": ops / local_s}
+        for client in WRITE_BACK:
+            key = client.replace("rucio-fs", "mount").replace(" ", "_")
+            row[f"{key}_ops_per_s"] = ops / measured[client][phase][1]
+        rows.append(row)
     res.table("mdtest", rows)
     res.summary += [f"## Metadata rates (mdtest -b {branch} -z {depth} -I {items}, "
                     f"{size}-byte files, one process; stat and read phases cold)", "",
-                    "| phase | operations | local disk ops/s | rucio-fs ops/s | time x local |",
-                    "|---|---:|---:|---:|---:|"]
+                    "| phase | operations | local disk ops/s | rucio-fs ops/s | "
+                    "rucio-fs async ops/s |", "|---|---:|---:|---:|---:|"]
     res.summary += [f"| {r['phase']} | {r['operations']} | {r['local_ops_per_s']:.0f} | "
-                    f"{r['mount_ops_per_s']:.0f} | {r['mount_s_x_local']:.1f} |" for r in rows]
+                    f"{r['mount_ops_per_s']:.0f} | {r['mount_async_ops_per_s']:.0f} |"
+                    for r in rows]
     res.summary.append("")
 
 
@@ -950,7 +977,7 @@ def main() -> int:
                     help="a running rucio.sh or s3.sh server directory (rucio, s3 backends)")
     ap.add_argument("--big-write", type=parse_size, default=10 << 30,
                     help="size of the GeeseFS big-file write and read (default 10G)")
-    ap.add_argument("--peers", default="s3fs,rclone",
+    ap.add_argument("--peers", default="geesefs,rclone,s3fs",
                     help="S3 peers for the GeeseFS tests, those installed (s3 backend)")
     ap.add_argument("--mdtest", type=mdtest_shape, default=(6, 4, 8),
                     help="mdtest's -b,-z,-I: branching, depth, items per directory (6,4,8)")
@@ -983,7 +1010,8 @@ def main() -> int:
         repeat = 2 if smoke else args.repeat
         ls_sizes = [n for n in sorted(target.dirs) if not smoke or n <= 1000]
         big = min(big, target.big_size)
-        peers = [p for p in args.peers.split(",") if p and shutil.which(p)] \
+        peers = [p for p in args.peers.split(",")
+                 if p and (geesefs_binary() if p == "geesefs" else shutil.which(p))] \
             if target.backend == "s3" else []
         runs: dict[str, Callable[[], None]] = {
             "ls": lambda: exp_ls(root, target, res, ls_sizes, repeat),

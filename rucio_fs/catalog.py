@@ -301,6 +301,10 @@ class Catalog:
     def upload_parallelism(self) -> int:
         return self.backend.upload_parallelism
 
+    def identity(self) -> str | None:
+        """Who this mount is to the catalog (no secret), if the backend says."""
+        return self.backend.shared_identity()
+
     @property
     def remove_batch_max(self) -> int:
         return self.backend.remove_batch_max

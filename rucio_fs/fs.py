@@ -371,18 +371,18 @@ class RucioFs(pyfuse3.Operations):
         self.stats.fuse_op("read").bytes += len(data)
         verifier = handle.verifier
         if verifier is not None:
+            def read_again(offset: int, size: int) -> Awaitable[bytes | memoryview]:
+                return self.catalog.data_path.read(handle.inode.path, handle.entry,
+                                                   handle.backend_handle, offset, size)
+
             try:
-                forget = await self.verification.feed(handle.inode, verifier, off, data)
+                await self.verification.feed(handle.inode, verifier, off, data, read_again)
             except IntegrityError:
                 # Neither our blocks nor the kernel's pages of this file may be served again.
                 self.catalog.data_path.discard(handle.inode.path, handle.entry)
                 handle.inode.cached_version = INVALID
                 self._forget_pages(handle.inode)
                 raise
-            if forget:
-                # Bytes the verifier could not hold: the kernel must not keep their pages,
-                # or a later pass would get them without the daemon seeing them.
-                self._forget_pages(handle.inode)
         return data
 
     def _forget_pages(self, node: Inode) -> None:

@@ -8,9 +8,11 @@ and fails with EIO on a mismatch (so does every later read of that version while
 
 Reads may arrive out of order (the kernel issues read-ahead in parallel, other handles read
 elsewhere): chunks ahead of the prefix wait in a bounded reorder buffer. A chunk that does not
-fit is *dropped*, never hashed and never claimed: :attr:`StreamVerifier.dropped` tells the
-FUSE layer to make the kernel forget the file's pages, so a reader that passes that region
-again asks the daemon for it, and the prefix can grow over it.
+fit is *dropped* from memory but remembered as a gap: once the prefix reaches a gap, the
+caller reads those bytes again itself (:meth:`StreamVerifier.next_gap`) and feeds them, so the
+prefix grows over every byte the daemon handed out, whether or not the kernel asks for it
+again. (Making the kernel forget its pages instead is a race: an invalidation cannot run while
+the read it follows is being answered, and the reader may meet the cached pages before it.)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -66,8 +68,10 @@ class StreamVerifier:
         self.size = size
         self.hashed = 0  # bytes queued for hashing, a prefix of the file
         self.state = "verifying"  # → "verified", "mismatch" or "abandoned"
-        #: Chunks left out of the reorder buffer since the caller last reset this.
+        #: Chunks left out of the reorder buffer (read again once the prefix reaches them).
         self.dropped = 0
+        #: Ranges handed out but not held: start -> end.
+        self._gaps: dict[int, int] = {}
         #: Bytes the reorder buffer may hold (the verification share of the memory limit).
         self.max_pending = MAX_PENDING if max_pending is None else min(max_pending, MAX_PENDING)
         #: Open handles feeding this verifier (kept by the FUSE layer).
@@ -144,7 +148,8 @@ class StreamVerifier:
         """Move the hashed prefix over ``data`` and any waiting chunks it reaches."""
         if offset > self.hashed:
             if self._pending_bytes + len(data) > self.max_pending:
-                self.dropped += 1  # not claimed: the kernel must ask for it again
+                self.dropped += 1  # hashed later from a read of our own (next_gap)
+                self._gaps[offset] = max(self._gaps.get(offset, 0), offset + len(data))
             elif offset not in self._pending:
                 self._pending[offset] = data
                 self._pending_bytes += len(data)
@@ -158,6 +163,21 @@ class StreamVerifier:
                 views += self._take(start, chunk)
             ready = sorted(start for start in self._pending if start <= self.hashed)
         return views
+
+    def next_gap(self) -> tuple[int, int] | None:
+        """(offset, size) of dropped bytes the prefix has reached, which the caller must read
+        and :meth:`feed`; None when there are none."""
+        if self.state != "verifying" or self._closing:
+            return None
+        for start, end in sorted(self._gaps.items()):
+            if end <= self.hashed:
+                del self._gaps[start]
+            elif start <= self.hashed:
+                del self._gaps[start]
+                return self.hashed, min(end, self.size) - self.hashed
+            else:
+                break
+        return None
 
     def _take(self, offset: int, data: bytes) -> list[memoryview]:
         skip = self.hashed - offset
@@ -213,16 +233,16 @@ class Verification:
         return verifier
 
     async def feed(self, node: Inode, verifier: StreamVerifier, offset: int,
-                   data: bytes | memoryview) -> bool:
+                   data: bytes | memoryview,
+                   read: Callable[[int, int], Awaitable[bytes | memoryview]]) -> None:
         """Bytes a reader got; IntegrityError when they complete a pass that did not match.
-        True when bytes were dropped unhashed: the kernel must forget the file's pages."""
+        Dropped bytes the prefix reaches are read again with ``read(offset, size)``."""
         await verifier.feed(offset, data)
+        while (gap := verifier.next_gap()) is not None:
+            self.events["checksum_gap_rereads"] += 1
+            await verifier.feed(gap[0], await read(*gap))
         if verifier.state == "verified":
             node.verified_version = verifier.version
-        elif verifier.dropped:
-            verifier.dropped = 0
-            return True
-        return False
 
     async def leave(self, node: Inode, verifier: StreamVerifier) -> None:
         """A reader is gone; after the last, settle the pass and count its verdict."""

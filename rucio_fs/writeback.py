@@ -402,7 +402,7 @@ class WriteBack:
         self.url = url
         #: Whose journals this mount replays: the backend's identity (host, bucket or zone,
         #: root, account; the same whatever the mount options), else the URL.
-        self.identity = catalog.backend.shared_identity() or url
+        self.identity = catalog.identity() or url
         self.staging_dir = staging_dir
         #: Whether ``close`` and namespace changes return before the server has them.
         self.asynchronous = asynchronous

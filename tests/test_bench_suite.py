@@ -40,12 +40,15 @@ def test_smoke_run_writes_every_artifact(backend, tmp_path, request):
         geesefs = data["experiments"]["geesefs"]
         assert {(r["test"], r["client"]) for r in geesefs} >= {
             ("small files", "local disk"), ("small files", "rucio-fs"),
-            ("big file", "local disk"), ("big file", "rucio-fs")}
+            ("small files", "rucio-fs async"), ("big file", "local disk"),
+            ("big file", "rucio-fs")}
+        assert all(r["rss_peak_MB"] > 0 for r in geesefs if r["client"] == "rucio-fs async")
         assert all(r["identical"] for r in geesefs if r["test"] == "big file")
         assert all(r["cp_x_local"] > 0 for r in geesefs if r["test"] == "small files")
         mdtest = {r["phase"]: r for r in data["experiments"]["mdtest"]}
         assert len(mdtest) == 9 and mdtest["file creation"]["operations"] == 14
-        assert all(r["mount_ops_per_s"] > 0 for r in mdtest.values())
+        assert all(r["mount_ops_per_s"] > 0 and r["mount_async_ops_per_s"] > 0
+                   for r in mdtest.values())
         assert "## GeeseFS tests" in summary and "## Metadata rates" in summary
     else:
         assert set(data["not_run"]) == {"geesefs", "mdtest"} and "Not run: GeeseFS" in summary
