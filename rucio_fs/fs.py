@@ -67,6 +67,7 @@ def fuse_op(fn: F) -> F:
         recorder = self.recorder
         start = time.perf_counter_ns() if TIMING or recorder is not None else 0
         code = 0
+        self.requests_running += 1
         try:
             return await fn(self, *args)
         except pyfuse3.FUSEError as exc:
@@ -82,6 +83,8 @@ def fuse_op(fn: F) -> F:
             log.exception("%s failed unexpectedly", name)
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
+            self.requests_running -= 1
+            self.last_request_end = time.monotonic()
             if code:
                 op.errors[errno_name(code)] += 1
             if TIMING:
@@ -155,6 +158,10 @@ class RucioFs(pyfuse3.Operations):
             self.flush = self.fsync = _not_implemented  # type: ignore[method-assign,assignment]
         else:
             writeback.on_uploaded = self._uploaded
+            writeback.queue.quiet_for = self._quiet_for
+        #: FUSE requests being answered, and when the last one ended (time.monotonic).
+        self.requests_running = 0
+        self.last_request_end = 0.0
         #: Where background work (read-ahead, checksum hashing) runs; set by the daemon.
         self.nursery: trio.Nursery | None = None
         #: Checksums of whole reads (one verifier per open version, fed by every handle).
@@ -546,6 +553,10 @@ class RucioFs(pyfuse3.Operations):
         handle = self._dirs.get(fh)
         if handle is not None and self.writes is not None and self.writes.asynchronous:
             await self.writes.settle(handle.inode.path)
+
+    def _quiet_for(self) -> float:
+        """Seconds since the last FUSE request ended (0 while one is being answered)."""
+        return 0.0 if self.requests_running else time.monotonic() - self.last_request_end
 
     def _uploaded(self, path: str, entry: Entry) -> None:
         """A queued upload of ``path`` is on the server as ``entry`` and nothing is pending

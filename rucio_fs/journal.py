@@ -8,7 +8,7 @@ Contract:
 * A record is one JSON line with a number ``n`` (increasing within the journal): ``stage``
   (a staging file holds content of ``path`` the server does not have), ``mkdir``, ``unlink``,
   ``rmdir`` (a change of the namespace queued for the server). A record is *pending* until a
-  ``done`` record names its number.
+  ``done`` (carried out) or ``cancelled`` record names its number.
 * :meth:`Journal.append` writes at once: a daemon killed afterwards (``kill -9``, OOM) leaves
   the record behind, since the page cache outlives the process; an ``fdatasync`` of
   :attr:`Journal.fd` makes everything appended so far durable across a power cut (async
@@ -86,8 +86,9 @@ class Journal:
         self._write(_line(record))
         return n
 
-    def done(self, *numbers: int) -> None:
-        """The records ``numbers`` are carried out (or have nothing left to do)."""
+    def done(self, *numbers: int, carried_out: bool = True) -> None:
+        """The records ``numbers`` are carried out on the server (``carried_out`` False: they
+        were cancelled, e.g. a staged file removed before its upload)."""
         numbers = tuple(n for n in numbers if self.pending.pop(n, None) is not None)
         if not numbers:
             return
@@ -95,7 +96,7 @@ class Journal:
             os.ftruncate(self.fd, len(self._header))  # nothing left to replay
             self._bytes = len(self._header)
             return
-        self._write(_line({"done": list(numbers)}))
+        self._write(_line({"done" if carried_out else "cancelled": list(numbers)}))
         if self._bytes > REWRITE_BYTES:
             self._rewrite()
 
@@ -182,6 +183,7 @@ def remove_journals(journals: Iterable[tuple[str, int]]) -> None:
 def _pending_of(path: str) -> list[dict[str, Any]]:
     pending: dict[int, dict[str, Any]] = {}
     done: set[int] = set()
+    cancelled: set[int] = set()
     with open(path, "rb") as f:
         f.readline()
         for raw in f:
@@ -194,15 +196,20 @@ def _pending_of(path: str) -> list[dict[str, Any]]:
                 continue
             if "done" in record:
                 done.update(record["done"])
+            elif "cancelled" in record:
+                cancelled.update(record["cancelled"])
             else:
                 pending[record["n"]] = record
     # Records on overlapping paths are carried out in order, so a later record that is done
-    # implies the earlier ones were too, even if a power cut lost their done records.
+    # implies the earlier ones were too, even if a power cut lost their done records (not a
+    # cancelled one: it never ran).
     done_paths: set[str] = set()
     done_above: set[str] = set()  # every ancestor of a path in done_paths
     result = []
     for n, record in sorted(pending.items(), reverse=True):
         path = str(record["path"])
+        if n in cancelled:
+            continue
         if n in done:
             done_paths.add(path)
             done_above.update(_ancestors(path))

@@ -22,6 +22,12 @@ Contract:
   server holds.
 * :meth:`WriteQueue.wait` returns once the ops it covers (queued when it was called) are
   carried out, and starts their next try at once.
+* The queue yields to the mount's own requests: while FUSE requests keep coming (no pause of
+  :data:`QUIET` seconds), no new op starts unless the backlog is large (:data:`BACKLOG_OPS`
+  ops or :data:`BACKLOG_BYTES` staged bytes queued), so ``cp -r`` gets the daemon's one
+  thread and the queue catches up in the pauses. Anyone waiting (``fsync``, ``uploads
+  --wait``, unmount) lifts it. (One op at a time beside ``cp -r`` of small files still took
+  two thirds of the loop: 5.7 s instead of 2.7 s for 1,600 files.)
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ RETRY_FIRST, RETRY_MAX = 2.0, 120.0
 #: Batched removal requests in flight at once: removals ready while they are on their way
 #: gather into the next batch (one request for all that ``rm -r`` removed meanwhile).
 REMOVAL_BATCHES = 2
+#: Seconds without a FUSE request after which the queue runs at full parallelism.
+QUIET = 0.002
+#: With this many ops, or staged bytes, queued the queue no longer yields.
+BACKLOG_OPS, BACKLOG_BYTES = 10_000, 1 << 30
 #: How many failed ops ``uploads`` keeps.
 FAILED_KEPT = 1000
 
@@ -65,8 +75,9 @@ class Op:
     kind: str
     path: str
     dirty: DirtyFile | None = None
-    #: The queue's own key of the op (fixed).
+    #: The queue's own key of the op (fixed), and the staged bytes it had when queued.
     key: int = 0
+    size: int = 0
     running: bool = False
     done: bool = False
     error: str = ""
@@ -108,9 +119,17 @@ class WriteQueue:
         self._idle = trio.Event()
         self._draining = False
         self._removal_batches = 0
+        #: Seconds since the mount's last FUSE request ended (0 while one runs); set by the
+        #: FUSE layer (by default the mount is always quiet).
+        self.quiet_for: Callable[[], float] = lambda: float("inf")
+        self._waiters = 0
+        #: Staged bytes of the queued uploads (as they were when queued).
+        self.queued_bytes = 0
 
     def add(self, op: Op) -> None:
         op.key = next(self._keys)
+        op.size = op.dirty.size if op.dirty is not None else 0
+        self.queued_bytes += op.size
         self.ops[op.key] = op
         self._wake.set()
 
@@ -125,11 +144,15 @@ class WriteQueue:
         for op in ops:
             op.not_before = 0.0
         self._wake.set()
-        for op in ops:
-            while not op.done:
-                await op.tried.wait()
-                if op.error:
-                    raise Unavailable(f"{op.path}: {op.kind} failed: {op.error}")
+        self._waiters += 1
+        try:
+            for op in ops:
+                while not op.done:
+                    await op.tried.wait()
+                    if op.error:
+                        raise Unavailable(f"{op.path}: {op.kind} failed: {op.error}")
+        finally:
+            self._waiters -= 1
 
     async def drain(self) -> None:
         """Try every queued op once more now, and no more after it fails (at unmount):
@@ -157,13 +180,16 @@ class WriteQueue:
         """One pass over the first ops: start those that may run. Returns how long until a
         waiting op's retry time comes."""
         now = trio.current_time()
+        yielding = (not self._draining and not self._waiters and len(self.ops) < BACKLOG_OPS
+                    and self.queued_bytes < BACKLOG_BYTES and self.quiet_for() < QUIET)
+        slots = 0 if yielding else self._free
         blocked_paths: set[str] = set()
         blocked_above: set[str] = set()  # every ancestor of a path in blocked_paths
         batch: list[Op] = []
         next_retry = float("inf")
         started = False
         for op in itertools.islice(self.ops.values(), WINDOW):
-            if self._free <= 0:
+            if slots <= 0:
                 break
             path = op.path
             above = ancestors(path)
@@ -184,13 +210,17 @@ class WriteQueue:
                 batch.append(op)
                 if len(batch) >= self.remove_batch_max:
                     self._start(nursery, batch)
+                    slots -= 1
                     batch = []
             else:
                 self._start(nursery, [op])
+                slots -= 1
         if batch:
             self._start(nursery, batch)
         if not started and self._free >= self.parallelism:
             self._idle.set()
+        if yielding and self.ops:
+            next_retry = min(next_retry, now + QUIET)  # look again after a pause
         return max(0.0, next_retry - now) if next_retry != float("inf") else float("inf")
 
     def _start(self, nursery: trio.Nursery, ops: list[Op]) -> None:
@@ -234,6 +264,7 @@ class WriteQueue:
         if error is None or (op.kind != "put" and not isinstance(error, Unavailable)):
             op.done = True
             del self.ops[op.key]
+            self.queued_bytes -= op.size
             self.wb.op_done(op, error)
             if error is not None:
                 op.error = str(error)

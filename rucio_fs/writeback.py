@@ -184,7 +184,7 @@ class DirtyFile:
             "base": None if base is None else {"size": base.size, "version": base.version,
                                                "mtime_ns": base.mtime_ns}})
         if old is not None:
-            self.wb.journal.done(old)
+            self.wb.journal.done(old, carried_out=False)  # superseded by the new record
         if self.op is not None:
             self.op.n = self.stage_n
 
@@ -193,10 +193,11 @@ class DirtyFile:
         if self.stage_n is not None:
             self.record(again=True)
 
-    def unrecord(self) -> None:
-        """Nothing pending any more: the record is done (the staging file may stay)."""
+    def unrecord(self, uploaded: bool = False) -> None:
+        """Nothing pending any more (``uploaded``: the server has it; else the content was
+        dropped): the record is done (the staging file may stay)."""
         if self.stage_n is not None:
-            self.wb.journal.done(self.stage_n)
+            self.wb.journal.done(self.stage_n, carried_out=uploaded)
             self.stage_n = None
 
     def _touch(self) -> None:
@@ -253,7 +254,7 @@ class DirtyFile:
             self.base = replace(entry, name=self.path.rpartition("/")[2])
             self.dirty = self.streaming = False
             self.unreported = ""
-            self.unrecord()
+            self.unrecord(uploaded=True)
             self.wb.catalog.note_entry(self.path, self.base)
             return self.base
 

@@ -96,8 +96,8 @@ def journal_records(staging: Path, op: str = "stage") -> list[dict]:
         done: set[int] = set()
         for line in journal.read_text().splitlines()[1:]:
             record = json.loads(line)
-            if "done" in record:
-                done.update(record["done"])
+            if "done" in record or "cancelled" in record:
+                done.update(record.get("done", record.get("cancelled", [])))
             else:
                 pending[(journal.name, record["n"])] = record
         for n in done:
