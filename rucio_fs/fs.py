@@ -476,7 +476,7 @@ class RucioFs(pyfuse3.Operations):
     async def _read_dirty(self, handle: _FileHandle, off: int, size: int) -> bytes:
         dirty = handle.dirty
         assert dirty is not None
-        data = dirty.read(off, size) if dirty.fd >= 0 else None
+        data = dirty.read(off, size) if dirty.is_open else None
         if data is None:  # not modified yet: the committed content
             base = dirty.base
             if base is None:

@@ -133,6 +133,17 @@ class WriteQueue:
         self.ops[op.key] = op
         self._wake.set()
 
+    def cancel(self, op: Op) -> bool:
+        """Take ``op`` out before it started (it has nothing left to do); False if too late."""
+        if op.running or op.done:
+            return False
+        op.done = True
+        del self.ops[op.key]
+        self.queued_bytes -= op.size
+        tried, op.tried = op.tried, trio.Event()
+        tried.set()
+        return True
+
     def queued(self, covers: Callable[[Op], bool]) -> list[Op]:
         return [op for op in self.ops.values() if covers(op)]
 

@@ -87,6 +87,9 @@ class DirtyFile:
         #: The committed entry this content replaces (None: the file is new).
         self.base = base
         self.staging_path, self.fd = staged or writeback.new_staging_file()
+        #: Whether the staging file is closed while its upload waits in the queue (its fd is
+        #: opened again when needed): a queue of thousands of files holds no descriptors.
+        self.parked = False
         #: The journal number of this content's ``stage`` record (None: none is pending).
         self.stage_n: int | None = None
         #: The queued upload of this content (async write-back), until it is carried out.
@@ -132,8 +135,26 @@ class DirtyFile:
         """Bytes of the local content, or None while it is still the base's (read that)."""
         if not self.materialized:
             return None
+        self.unpark()
         size = min(size, self.size - offset)
         return os.pread(self.fd, size, offset) if size > 0 else b""
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the staging file still holds this content (open or parked)."""
+        return self.fd >= 0 or self.parked
+
+    def park(self) -> None:
+        """Close the staging file while no writer has it (its upload is queued)."""
+        if self.fd >= 0 and self.writers == 0:
+            os.close(self.fd)
+            self.fd, self.parked = -1, True
+
+    def unpark(self) -> None:
+        if self.parked:
+            self.fd = os.open(self.staging_path, os.O_RDWR)
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.parked = False
 
     # -- changes --------------------------------------------------------------------------
 
@@ -176,7 +197,7 @@ class DirtyFile:
         """Journal that this staging file holds content of the path the server does not have
         (before the data it accounts for); ``again``: also when it is journaled already (the
         path changed: the new record supersedes the old one)."""
-        if (self.stage_n is not None and not again) or self.fd < 0:
+        if (self.stage_n is not None and not again) or not self.is_open:
             return
         base = self.base
         old, self.stage_n = self.stage_n, self.wb.journal.append({
@@ -232,6 +253,7 @@ class DirtyFile:
         async with self.lock:
             if not self.dirty or self.unlinked:
                 return None
+            self.unpark()
             try:
                 sent = await self._upload_content()
                 committed, self._committed = self._committed, None
@@ -371,7 +393,7 @@ class DirtyFile:
             self.unrecord()
         if self.fd >= 0:
             os.close(self.fd)
-            self.fd = -1
+        self.fd, self.parked = -1, False
         if not keep:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.staging_path)
@@ -420,6 +442,8 @@ class WriteBack:
         self.nursery: trio.Nursery | None = None
         self._names = itertools.count(1)
         self.journal = Journal(staging_dir, self.identity)
+        #: Queued mkdir ops by path: an rmdir before one starts cancels both.
+        self._mkdirs: dict[str, Op] = {}
         #: Told (path, entry) when a queued upload has left nothing pending: the FUSE layer
         #: updates what the kernel was shown.
         self.on_uploaded: Callable[[str, Entry], None] = lambda _path, _entry: None
@@ -498,6 +522,7 @@ class WriteBack:
         if base is None:
             self.catalog.note_entry(dirty.path, dirty.entry())
         self._queue_put(dirty)
+        dirty.park()
         log.warning("%s: pending upload of %d bytes adopted from %s", dirty.path, dirty.size,
                     path)
         return dirty
@@ -574,6 +599,7 @@ class WriteBack:
             dirty = self.files[path] = DirtyFile(self, path, base)
             if base is None:  # a new name the server does not have yet
                 dirty.record()
+        dirty.unpark()
         dirty.writers += 1
         return dirty
 
@@ -596,6 +622,7 @@ class WriteBack:
         if not dirty.dirty or dirty.unlinked or dirty.staged == dirty.generation:
             return
         dirty.record()
+        dirty.unpark()
         if dirty.size <= SYNC_IN_LINE_MAX:
             # Two fdatasyncs of a small file take less than handing them to a worker thread
             # and back while uploads keep the loop busy.
@@ -632,6 +659,7 @@ class WriteBack:
         dirty = op.dirty
         if dirty is not None:
             dirty.op = None
+            dirty.park()
             if not dirty.dirty:
                 self._forget(dirty)
                 if dirty.base is not None and self.files.get(dirty.path) is None:
@@ -640,6 +668,8 @@ class WriteBack:
                 self._queue_put(dirty)  # written again after the upload took its snapshot
             return
         self.journal.done(op.n)
+        if self._mkdirs.get(op.path) is op:
+            del self._mkdirs[op.path]
         parent, _, name = op.path.rpartition("/")
         names = self.shadow.get(parent or "/")
         if names is not None and names.get(name, (0,))[0] == op.n:
@@ -657,7 +687,13 @@ class WriteBack:
         self.catalog.new_directory(path, entry)
 
     def queue_removal(self, kind: str, path: str) -> None:
-        self._queue_change(kind, path, None)
+        made = self._mkdirs.get(path) if kind == "rmdir" else None
+        if made is not None and self.queue.cancel(made):
+            # Made and removed before the server saw either: neither goes there.
+            self.journal.done(made.n, carried_out=False)
+            self.op_done(made, None)
+        else:
+            self._queue_change(kind, path, None)
         if kind == "rmdir":
             self.catalog.listing.discard(path)
         self.catalog.note_entry(path, None)
@@ -666,7 +702,10 @@ class WriteBack:
         n = self.journal.append({"op": kind, "path": path})
         parent, _, name = path.rpartition("/")
         self.shadow.setdefault(parent or "/", {})[name] = (n, entry)
-        self.queue.add(Op(n, kind, path))
+        op = Op(n, kind, path)
+        if kind == "mkdir":
+            self._mkdirs[path] = op
+        self.queue.add(op)
 
     async def settle(self, *paths: str) -> None:
         """Until every queued op on a path overlapping ``paths`` is carried out (raises the
@@ -693,6 +732,8 @@ class WriteBack:
             await self.stage(dirty)
             if dirty.op is None and not dirty.dirty:
                 self._forget(dirty)
+            else:
+                dirty.park()
             return
         try:
             await dirty.commit()
@@ -822,7 +863,7 @@ class WriteBack:
                 await self.queue.drain()
                 nursery.cancel_scope.cancel()
         for dirty in list(self.files.values()):
-            if dirty.fd < 0:
+            if not dirty.is_open:
                 continue
             try:
                 if dirty.op is None:
