@@ -132,6 +132,21 @@ def _line(record: Mapping[str, Any]) -> bytes:
                       ).encode("utf-8", "surrogateescape") + b"\n"
 
 
+def lock_unheld(path: str, flags: int = os.O_RDONLY) -> int | None:
+    """``path`` opened and locked (``flock``), or None when it cannot be opened or a live
+    daemon holds it."""
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def _unlocked_journals(staging_dir: str, url: str) -> list[tuple[str, int]]:
     """(path, locked fd) of the journals of ``url`` no live daemon holds, oldest first."""
     try:
@@ -143,12 +158,10 @@ def _unlocked_journals(staging_dir: str, url: str) -> list[tuple[str, int]]:
         if not (name.startswith("journal-") and name.endswith(".log")):
             continue
         path = os.path.join(staging_dir, name)
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+        fd = lock_unheld(path)
+        if fd is None:
             continue
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             with open(path, "rb") as f:
                 header = json.loads(f.readline() or b"{}")
         except (OSError, ValueError):
@@ -212,17 +225,17 @@ def _pending_of(path: str) -> list[dict[str, Any]]:
             continue
         if n in done:
             done_paths.add(path)
-            done_above.update(_ancestors(path))
+            done_above.update(ancestors(path))
             continue
         if (path in done_paths or path in done_above
-                or any(a in done_paths for a in _ancestors(path))):
+                or any(a in done_paths for a in ancestors(path))):
             continue
         result.append({k: v for k, v in record.items() if k != "n"})
     result.reverse()
     return result
 
 
-def _ancestors(path: str) -> list[str]:
+def ancestors(path: str) -> list[str]:
     """``/a/b/c`` -> ``/a/b``, ``/a``, ``/``."""
     found = []
     while path not in ("/", ""):

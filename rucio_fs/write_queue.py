@@ -42,7 +42,7 @@ import trio
 
 from .backend import Kind
 from .errors import AlreadyExists, NotFound, RucioFsError, Unavailable
-from .journal import overlaps
+from .journal import ancestors, overlaps
 
 if TYPE_CHECKING:
     from .writeback import DirtyFile, WriteBack
@@ -90,15 +90,6 @@ class Op:
         size = self.dirty.size if self.dirty is not None else 0
         return {"op": self.kind, "path": self.path, "size": size, "error": self.error,
                 "attempts": self.attempts, "running": self.running}
-
-
-def ancestors(path: str) -> list[str]:
-    """``/a/b/c`` -> ``/a/b``, ``/a``, ``/``."""
-    found = []
-    while path not in ("/", ""):
-        path = path.rpartition("/")[0] or "/"
-        found.append(path)
-    return found
 
 
 class WriteQueue:

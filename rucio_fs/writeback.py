@@ -493,15 +493,11 @@ class WriteBack:
 
     def _adopt_staged(self, record: dict) -> DirtyFile | None:
         path = os.path.join(self.staging_dir, str(record["file"]))
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError as exc:
-            log.error("%s: the staged content of %s is gone (%s)", path, record["path"], exc)
+        if not os.path.exists(path):
+            log.error("%s: the staged content of %s is gone", path, record["path"])
             return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # a live daemon's file
-            os.close(fd)
+        fd = journals.lock_unheld(path, os.O_RDWR)
+        if fd is None:  # a live daemon's file
             return None
         if record["path"] in self.files:
             os.close(fd)
@@ -559,17 +555,15 @@ class WriteBack:
             path = os.path.join(self.staging_dir, name)
             if os.path.exists(path + ".json"):
                 continue  # another URL's file, recorded by an earlier version
+            fd = journals.lock_unheld(path)
+            if fd is None:
+                continue  # a live daemon's file
             try:
-                fd = os.open(path, os.O_RDWR)
-            except OSError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 if os.path.getmtime(path) < time.time() - UNRECORDED_GRACE:
                     # Nothing pending (a crash after its upload, or before it held data).
                     os.unlink(path)
             except OSError:
-                pass  # a live daemon's file
+                pass
             finally:
                 os.close(fd)
 
