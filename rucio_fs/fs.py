@@ -563,8 +563,7 @@ class RucioFs(pyfuse3.Operations):
         any more: the inode reads it from there (its local version is gone)."""
         node = self.inodes.find(path)
         if node is not None and self._dirty(path) is None:
-            node.entry, node.attrs, node.fetched_at = entry, None, time.monotonic()
-            node.cached_version = INVALID
+            self._changed(node, entry)
 
     async def _settled(self, *paths: str) -> None:
         """Before a change that goes to the server at once: with async write-back, what is

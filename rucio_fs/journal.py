@@ -118,9 +118,10 @@ class Journal:
         self.fd = fd
         self._bytes = os.fstat(fd).st_size
 
-    def close(self, keep: bool) -> None:
-        """At unmount: remove the journal unless ``keep`` (records are still pending)."""
-        if not keep or not self.pending:
+    def close(self) -> None:
+        """At unmount: the journal goes unless records are still pending (the next mount
+        replays those)."""
+        if not self.pending:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
         os.close(self.fd)

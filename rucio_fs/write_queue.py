@@ -99,7 +99,7 @@ class WriteQueue:
         self.wb = writeback
         self.parallelism = parallelism
         self.remove_batch_max = max(1, remove_batch_max)
-        #: Queued ops by journal number (insertion order is the order they run in).
+        #: Queued ops by their queue key (insertion order is the order they run in).
         self.ops: dict[int, Op] = {}
         #: Namespace ops given up after a permanent error (newest last), until shown.
         self.failed: list[dict[str, object]] = []
@@ -128,12 +128,14 @@ class WriteQueue:
         """Take ``op`` out before it started (it has nothing left to do); False if too late."""
         if op.running or op.done:
             return False
+        self._retire(op)
+        _tried(op)
+        return True
+
+    def _retire(self, op: Op) -> None:
         op.done = True
         del self.ops[op.key]
         self.queued_bytes -= op.size
-        tried, op.tried = op.tried, trio.Event()
-        tried.set()
-        return True
 
     def queued(self, covers: Callable[[Op], bool]) -> list[Op]:
         return [op for op in self.ops.values() if covers(op)]
@@ -239,13 +241,8 @@ class WriteQueue:
                 for op in ops:
                     self._finish(op, failures.get(op.path))
             else:
-                op = ops[0]
-                try:
-                    await self.wb.carry_out(op)
-                except RucioFsError as exc:
-                    self._finish(op, exc)
-                else:
-                    self._finish(op, None)
+                await self.wb.carry_out(ops[0])
+                self._finish(ops[0], None)
         except RucioFsError as exc:
             for op in ops:
                 if op.running:
@@ -264,9 +261,7 @@ class WriteQueue:
         if error is not None and _counts_as_done(op, error):
             error = None
         if error is None or (op.kind != "put" and not isinstance(error, Unavailable)):
-            op.done = True
-            del self.ops[op.key]
-            self.queued_bytes -= op.size
+            self._retire(op)
             self.wb.op_done(op, error)
             if error is not None:
                 op.error = str(error)
@@ -284,8 +279,7 @@ class WriteQueue:
                 op.dirty.unreported = op.error
             (log.error if op.attempts == 1 else log.info)(
                 "%s: %s failed (try %d): %s", op.path, op.kind, op.attempts, error)
-        tried, op.tried = op.tried, trio.Event()
-        tried.set()
+        _tried(op)
 
     def take_failed(self) -> list[dict[str, object]]:
         """The ops given up since the last call (each is shown once)."""
@@ -296,6 +290,12 @@ class WriteQueue:
         """Selects the ops on a path overlapping any of ``paths``."""
         paths = list(paths)
         return lambda op: any(overlaps(op.path, p) for p in paths)
+
+
+def _tried(op: Op) -> None:
+    """Wake whoever waits for this try of ``op`` (the next try gets a new event)."""
+    tried, op.tried = op.tried, trio.Event()
+    tried.set()
 
 
 def _counts_as_done(op: Op, error: RucioFsError) -> bool:

@@ -475,19 +475,23 @@ class WriteBack:
         staging files that no pending record names are removed."""
         records, old = journals.replay(self.staging_dir, self.identity)
         records = self._legacy_records() + records
-        adopted, named = [], set()
+        adopted, named, sidecars = [], set(), []
         for record in records:
             if record.get("op") == "stage":
                 dirty = self._adopt_staged(record)
                 if dirty is not None:
                     adopted.append(dirty)
                     named.add(os.path.basename(dirty.staging_path))
+                    if "sidecar" in record:
+                        sidecars.append(record["sidecar"])
             elif record.get("op") in ("mkdir", "unlink", "rmdir"):
                 entry = (Entry(name=record["path"].rpartition("/")[2], kind=Kind.DIR)
                          if record["op"] == "mkdir" else None)
                 self._queue_change(record["op"], record["path"], entry)
-        os.fdatasync(self.journal.fd)  # taken over: only now may the old journals go
+        os.fdatasync(self.journal.fd)  # taken over: only now may the old records go
         journals.remove_journals(old)
+        for sidecar in sidecars:
+            os.unlink(sidecar)
         self._remove_unnamed(named)
         return adopted
 
@@ -524,8 +528,8 @@ class WriteBack:
         return dirty
 
     def _legacy_records(self) -> list[dict]:
-        """``stage`` records of the ``.json`` sidecars an earlier version wrote (its crash
-        leftovers are adopted, then the sidecars go)."""
+        """``stage`` records of the ``.json`` sidecars an earlier version wrote (a sidecar goes
+        once its file is adopted and journaled here)."""
         try:
             names = sorted(os.listdir(self.staging_dir))
         except FileNotFoundError:
@@ -543,9 +547,8 @@ class WriteBack:
                           sidecar, exc)
                 continue
             if record.get("url") == self.url:
-                records.append({"op": "stage", "path": record["path"],
-                                "file": name[:-5], "base": record.get("base")})
-                os.unlink(sidecar)
+                records.append({"op": "stage", "path": record["path"], "file": name[:-5],
+                                "base": record.get("base"), "sidecar": sidecar})
         return records
 
     def _remove_unnamed(self, named: set[str]) -> None:
@@ -871,7 +874,7 @@ class WriteBack:
             else:
                 dirty.close_staging(keep=False)
         self.files.clear()
-        self.journal.close(keep=bool(self.journal.pending))
+        self.journal.close()
 
 
 def child(directory: str, name: str) -> str:

@@ -63,5 +63,5 @@ def test_a_live_daemons_journal_and_another_catalogs_are_left_alone(tmp_path):
     os.close(other.fd)
     records, old = journal.replay(str(tmp_path), "catalog-1")
     assert records == [] and old == []
-    live.close(keep=True)
+    live.close()
     assert os.path.exists(other.path)
