@@ -186,3 +186,33 @@ def test_irods_close_returns_zero_only_for_a_byte_identical_object(mount_fs, iro
         wait_for(lambda: irods_server.read(f"{collection}/f") == data, timeout=40, interval=0.5)
         wait_for(lambda: "no pending uploads" in run_cli("uploads", str(mnt.path)).stdout,
                  timeout=20, interval=0.5)
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("request_name", sorted(REQUESTS))
+def test_async_uploads_wait_returns_zero_only_for_a_byte_identical_object(
+        mount_fs, s3_server, request_name, fault):
+    """``--write-back async``: a queued upload goes through the same confirmation; once
+    ``uploads --wait`` returned 0, the object is byte-identical, whichever request under it
+    failed, timed out or was answered with a success that never happened."""
+    method, match, size = REQUESTS[request_name]
+    data = _content(size)
+    prefix = unique(f"wfa-{request_name}-{fault}")
+    key = f"{prefix}/f"
+    with fault_proxy(s3_server.endpoint) as proxy:
+        mnt = mount_s3(mount_fs, proxy.url, prefix, "-o", "timeout=1s", "-o", "part_size=5M",
+                       "--timeout", "8", "--write-back", "async")
+
+        def arm() -> None:
+            for kind, times in FAULTS[fault]:
+                proxy.inject(kind, match, times=times, method=method)
+
+        assert _write(mnt.path / "f", data, arm) == 0  # staged durably: the upload is queued
+        first = run_cli("uploads", "--wait", str(mnt.path))
+        if first.returncode == 0:
+            assert _stored(s3_server, key) == data, "drained, but the object differs"
+        proxy.clear()
+        wait_for(lambda: run_cli("uploads", "--wait", str(mnt.path)).returncode == 0,
+                 timeout=60, interval=0.5)
+        assert _stored(s3_server, key) == data
+        assert (mnt.path / "f").read_bytes() == data
