@@ -122,6 +122,9 @@ class Catalog:
         self.overlay: Overlay = _NoOverlay()
         #: Listings being fetched, shared by everyone who opens the directory meanwhile.
         self._filling: dict[str, Listing] = {}
+        #: Directories where a lookup lately found nothing on the server (names are being
+        #: made there): their next uncached lookup lists them instead.
+        self._missed_in = ttl_cache(1024, lambda _x: config.listing_ttl)
         #: Where listings are fetched and the shared tier is told of changes in the
         #: background; set by the daemon (None: in line).
         self.nursery: trio.Nursery | None = None
@@ -143,7 +146,11 @@ class Catalog:
         backend.use_caches(config.metadata)
 
     async def stat(self, path: str) -> Entry:
-        """Attributes of ``path``: metadata cache, then the parent's cached listing, then stat."""
+        """Attributes of ``path``: metadata cache, then the parent's cached listing, then stat.
+
+        Where a lookup lately found nothing (names are being created there: ``cp -r``, untar,
+        mdtest), the next uncached lookup lists the parent once instead, so each later name
+        in it is answered from that listing rather than with a stat apiece."""
         entry = self.overlay.entry(path)
         if entry is None:
             if self.overlay.hides(path):
@@ -152,6 +159,9 @@ class Catalog:
         if entry is None and path != "/":
             parent, name = split_path(path)
             listing = self.listing.get(parent)
+            if (listing is None and parent in self._missed_in and self.listing.enabled
+                    and self.backend.lists_everything(parent)):
+                listing = await self._complete_listing(parent)
             if listing is not None:
                 entry = listing.by_name.get(name)
                 if entry is None and self.backend.lists_everything(parent):
@@ -166,6 +176,7 @@ class Catalog:
                 entry = await self.calls.shared("stat", path, lambda: self.backend.stat(path))
             except NotFound:
                 self.metadata.put(path, _MISSING)
+                self._missed_in[split_path(path)[0]] = True
                 await self._share_entry(path, _MISSING)
                 raise
             self.metadata.put(path, entry)
@@ -196,6 +207,17 @@ class Catalog:
         if not listing.entries and listing.error is not None:
             raise listing.error
         return listing
+
+    async def _complete_listing(self, path: str) -> Listing | None:
+        """The listing of directory ``path`` once complete; None if it failed (the caller
+        then asks ``stat``)."""
+        try:
+            listing = await self.list(path)
+        except RucioFsError:
+            return None
+        while not listing.done:
+            await listing.wait_beyond(len(listing.entries))
+        return listing if listing.complete else None
 
     async def _share_entry(self, path: str, entry: Entry) -> None:
         """Tell the shared tier what ``stat`` found, in the background."""
@@ -439,6 +461,7 @@ class Catalog:
         for layer in layers:
             if layer in ("metadata", "listing"):
                 getattr(self, layer).drop()
+                self._missed_in.clear()
                 if layer == "metadata":
                     self.xattr_cache.drop()
                     self.backend.drop_caches()

@@ -241,6 +241,7 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
         pyfuse3.init(ops, req.mountpoint, options)
     except RuntimeError as exc:
         raise InvalidInput(f"cannot mount on {req.mountpoint}: {exc}") from None
+    ops.watch_channel()
     unmount = True
     try:
         info = find_mount(req.mountpoint)

@@ -12,6 +12,7 @@ import errno
 import functools
 import logging
 import os
+import select
 import stat
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -162,6 +163,7 @@ class RucioFs(pyfuse3.Operations):
         #: FUSE requests being answered, and when the last one ended (time.monotonic).
         self.requests_running = 0
         self.last_request_end = 0.0
+        self._channel: select.poll | None = None
         #: Where background work (read-ahead, checksum hashing) runs; set by the daemon.
         self.nursery: trio.Nursery | None = None
         #: Checksums of whole reads (one verifier per open version, fed by every handle).
@@ -554,9 +556,22 @@ class RucioFs(pyfuse3.Operations):
         if handle is not None and self.writes is not None and self.writes.asynchronous:
             await self.writes.settle(handle.inode.path)
 
+    def watch_channel(self) -> None:
+        """Find this mount's ``/dev/fuse`` descriptor (after ``pyfuse3.init``; pyfuse3 does not
+        expose it), so that :meth:`_quiet_for` sees requests the kernel holds unread."""
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
+                    self._channel = select.poll()
+                    self._channel.register(int(name), select.POLLIN)
+                    return
+
     def _quiet_for(self) -> float:
-        """Seconds since the last FUSE request ended (0 while one is being answered)."""
-        return 0.0 if self.requests_running else time.monotonic() - self.last_request_end
+        """Seconds since the last FUSE request ended; 0 while one is being answered or the
+        kernel holds one unread (the daemon busy elsewhere must not look quiet)."""
+        if self.requests_running or (self._channel is not None and self._channel.poll(0)):
+            return 0.0
+        return time.monotonic() - self.last_request_end
 
     def _uploaded(self, path: str, entry: Entry) -> None:
         """A queued upload of ``path`` is on the server as ``entry`` and nothing is pending

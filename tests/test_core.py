@@ -178,3 +178,64 @@ def test_requests_refused_together_renew_the_token_once():
 
     trio.run(main)
     assert auth.issued == 2  # the first login and one renewal
+
+
+class CallLog(ScriptedBackend):
+    """Logs each stat and listing; ``broken_listings`` makes every listing fail midway."""
+
+    def __init__(self, names: list[str], broken_listings: bool = False) -> None:
+        super().__init__({name: ScriptedFile(name.encode()) for name in names})
+        self.calls: list[str] = []
+        self.broken_listings = broken_listings
+
+    async def stat(self, path: str) -> Entry:
+        self.calls.append("stat")
+        return await super().stat(path)
+
+    async def list(self, path: str) -> AsyncIterator[Entry]:
+        self.calls.append("list")
+        async for entry in super().list(path):
+            yield entry
+            if self.broken_listings:
+                raise Unavailable("the connection dropped mid-listing")
+
+
+def test_after_a_lookup_miss_a_directory_is_listed_once_not_stat_per_name():
+    """Creating names (cp -r, untar, mdtest) looks up one absent name after another: after the
+    first miss, the directory is listed once and every later name, absent or present, is
+    answered from that listing, with the same answers stat gives."""
+    names = [f"f{i}" for i in range(20)]
+    backend = CallLog(names)
+    catalog = catalog_of(backend)
+
+    async def main() -> None:
+        with pytest.raises(NotFound):
+            await catalog.stat("/new0")
+        assert backend.calls == ["stat"]
+        for i in range(1, 10):
+            with pytest.raises(NotFound):
+                await catalog.stat(f"/new{i}")
+        assert (await catalog.stat("/f7")).size == 2
+        assert backend.calls == ["stat", "list"]
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("case", ["listing layer off", "listing breaks"])
+def test_lookups_stat_each_name_when_the_listing_cannot_answer(case):
+    """With the listing layer switched off, or a listing that fails, a miss changes nothing:
+    each name is asked with stat (never answered from a partial listing)."""
+    backend = CallLog(["present"], broken_listings=case == "listing breaks")
+    catalog = catalog_of(backend, listing=case != "listing layer off")
+
+    async def main() -> None:
+        for name in ("gone0", "gone1", "gone2"):
+            with pytest.raises(NotFound):
+                await catalog.stat(f"/{name}")
+        assert (await catalog.stat("/present")).size == len(b"present")
+        stats = backend.calls.count("stat")
+        assert stats == 4 and set(backend.calls) <= {"stat", "list"}
+        if case == "listing breaks":
+            assert "list" in backend.calls
+
+    trio.run(main)

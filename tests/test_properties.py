@@ -286,3 +286,32 @@ def test_a_group_flight_never_takes_over_a_flight_already_under_way(group, singl
     assert results["single"] == f"single-{single}"
     assert results["group"] == [f"group-{k}" for k in group]
     assert not any(flight.in_flight(("read", k)) for k in range(6))
+
+
+PATHS = st.sampled_from(["/a", "/b", "/a/x", "/a/y", "/a/x/z", "/b/x"])
+
+
+@settings(max_examples=200)
+@given(st.lists(st.tuples(st.sampled_from(["set", "del", "pop", "clear"]), PATHS),
+                max_size=30))
+def test_write_back_files_by_directory_match_a_scan(steps):
+    """The write-back's per-directory index of local files says what a scan of every path
+    says, after any sequence of adds, removals and clears."""
+    from rucio_fs.writeback import FilesByPath
+
+    files, plain = FilesByPath(), {}
+    for i, (op, path) in enumerate(steps):
+        if op == "set":
+            files[path] = plain[path] = i  # type: ignore[assignment]
+        elif op == "del" and path in plain:
+            del files[path], plain[path]
+        elif op == "pop":
+            assert files.pop(path, None) == plain.pop(path, None)
+        elif op == "clear":
+            files.clear(), plain.clear()
+        for directory in ("/", "/a", "/b", "/a/x"):
+            prefix = directory.rstrip("/") + "/"
+            scan = sorted(v for p, v in plain.items()
+                          if p.startswith(prefix) and "/" not in p[len(prefix):])
+            assert sorted(files.in_directory(directory)) == scan  # type: ignore[type-var]
+    assert dict(files) == plain
