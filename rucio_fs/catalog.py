@@ -13,6 +13,7 @@ catalog's :class:`Overlay`. Paths are catalog paths (see :mod:`rucio_fs.backend`
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Iterable, Sequence
@@ -42,6 +43,9 @@ from .stats import Stats
 log = logging.getLogger(__name__)
 
 LAYERS = ("kernel", "metadata", "listing", "data", "disk", "shared")
+
+#: The most entries a directory may have for a lookup to list it (see :meth:`Catalog.stat`).
+LOOKUP_LISTING_MAX = 5000
 
 #: Cached in the metadata layer for a path that does not exist (a negative entry).
 _MISSING = Entry(name="", kind=Kind.FILE)
@@ -120,6 +124,9 @@ class Catalog:
         self.data_path = DataPath(config, stats, self.calls, self._read_exact, disk)
         #: Files with local content (set by the write-back of a writable mount).
         self.overlay: Overlay = _NoOverlay()
+        #: Whether names are created through this mount (set with the write-back): then a
+        #: lookup miss makes the next lookup in that directory list it (see :meth:`stat`).
+        self.makes_names = False
         #: Listings being fetched, shared by everyone who opens the directory meanwhile.
         self._filling: dict[str, Listing] = {}
         #: Directories where a lookup lately found nothing on the server (names are being
@@ -148,9 +155,11 @@ class Catalog:
     async def stat(self, path: str) -> Entry:
         """Attributes of ``path``: metadata cache, then the parent's cached listing, then stat.
 
-        Where a lookup lately found nothing (names are being created there: ``cp -r``, untar,
-        mdtest), the next uncached lookup lists the parent once instead, so each later name
-        in it is answered from that listing rather than with a stat apiece."""
+        On a mount that creates names, where a lookup lately found nothing (names are being
+        created there: ``cp -r``, untar, mdtest), the next uncached lookup lists the parent
+        once instead, so each later name in it is answered from that listing rather than with
+        a stat apiece; a directory of more than :data:`LOOKUP_LISTING_MAX` entries is not
+        listed for it (nor tried again while remembered)."""
         entry = self.overlay.entry(path)
         if entry is None:
             if self.overlay.hides(path):
@@ -159,9 +168,9 @@ class Catalog:
         if entry is None and path != "/":
             parent, name = split_path(path)
             listing = self.listing.get(parent)
-            if (listing is None and parent in self._missed_in and self.listing.enabled
+            if (listing is None and self._missed_in.get(parent) and self.listing.enabled
                     and self.backend.lists_everything(parent)):
-                listing = await self._complete_listing(parent)
+                listing = await self._small_listing(parent)
             if listing is not None:
                 entry = listing.by_name.get(name)
                 if entry is None and self.backend.lists_everything(parent):
@@ -176,7 +185,8 @@ class Catalog:
                 entry = await self.calls.shared("stat", path, lambda: self.backend.stat(path))
             except NotFound:
                 self.metadata.put(path, _MISSING)
-                self._missed_in[split_path(path)[0]] = True
+                if self.makes_names:
+                    self._missed_in.setdefault(split_path(path)[0], True)
                 await self._share_entry(path, _MISSING)
                 raise
             self.metadata.put(path, entry)
@@ -208,16 +218,31 @@ class Catalog:
             raise listing.error
         return listing
 
-    async def _complete_listing(self, path: str) -> Listing | None:
-        """The listing of directory ``path`` once complete; None if it failed (the caller
-        then asks ``stat``)."""
+    async def _small_listing(self, path: str) -> Listing | None:
+        """The complete listing of directory ``path`` if it has at most
+        :data:`LOOKUP_LISTING_MAX` entries (then cached like any listing). Else (more, or the
+        listing failed) None: the caller asks ``stat``, and ``path`` is not listed for
+        lookups again while remembered."""
+        entries: list[Entry] = []
+
+        async def fetch() -> bool:
+            async with contextlib.aclosing(self.backend.list(path)) as listed:
+                async for entry in listed:
+                    entries.append(entry)
+                    if len(entries) > LOOKUP_LISTING_MAX:
+                        return False
+            return True
+
         try:
-            listing = await self.list(path)
+            small = await self.calls.timed("list", fetch)
         except RucioFsError:
+            small = False
+        if not small:
+            self._missed_in[path] = False
             return None
-        while not listing.done:
-            await listing.wait_beyond(len(listing.entries))
-        return listing if listing.complete else None
+        listing = Listing(entries)
+        self._finish_listing(path, listing)
+        return listing
 
     async def _share_entry(self, path: str, entry: Entry) -> None:
         """Tell the shared tier what ``stat`` found, in the background."""
@@ -261,6 +286,10 @@ class Catalog:
         finally:
             if self._filling.get(path) is listing:
                 del self._filling[path]
+        self._finish_listing(path, listing)
+
+    def _finish_listing(self, path: str, listing: Listing) -> None:
+        """What this mount changed laid over a listing the backend gave; then cached."""
         for name in self.overlay.hidden_children(path):
             listing.remove(name)
         for entry in self.overlay.children(path):

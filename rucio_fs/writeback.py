@@ -474,6 +474,7 @@ class WriteBack:
         #: number, the entry, or None for a removed name). The catalog overlays them.
         self.shadow: dict[str, dict[str, tuple[int, Entry | None]]] = {}
         catalog.overlay = self
+        catalog.makes_names = True
         #: Bytes of parts on their way, all files together.
         self.part_bytes = ByteBudget(Shares(catalog.config.memory_limit).uploads)
         self.generations = itertools.count(1)

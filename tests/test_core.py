@@ -13,7 +13,7 @@ import trio
 from model_kernel import ScriptedBackend, ScriptedFile
 
 from rucio_fs.backend import Entry, Kind
-from rucio_fs.catalog import Catalog
+from rucio_fs.catalog import LOOKUP_LISTING_MAX, Catalog
 from rucio_fs.config import MountConfig
 from rucio_fs.errors import IntegrityError, NotFound, Unavailable
 from rucio_fs.http import TokenAuth
@@ -21,8 +21,10 @@ from rucio_fs.registry import open_backend
 from rucio_fs.stats import Stats
 
 
-def catalog_of(backend, **config) -> Catalog:
-    return Catalog(backend, MountConfig(**config), Stats())
+def catalog_of(backend, makes_names: bool = False, **config) -> Catalog:
+    catalog = Catalog(backend, MountConfig(**config), Stats())
+    catalog.makes_names = makes_names
+    return catalog
 
 
 def errors(catalog: Catalog, call: str) -> dict[str, int]:
@@ -206,7 +208,7 @@ def test_after_a_lookup_miss_a_directory_is_listed_once_not_stat_per_name():
     answered from that listing, with the same answers stat gives."""
     names = [f"f{i}" for i in range(20)]
     backend = CallLog(names)
-    catalog = catalog_of(backend)
+    catalog = catalog_of(backend, makes_names=True)
 
     async def main() -> None:
         with pytest.raises(NotFound):
@@ -221,12 +223,17 @@ def test_after_a_lookup_miss_a_directory_is_listed_once_not_stat_per_name():
     trio.run(main)
 
 
-@pytest.mark.parametrize("case", ["listing layer off", "listing breaks"])
+@pytest.mark.parametrize("case", ["listing layer off", "listing breaks", "too many entries",
+                                  "read-only mount"])
 def test_lookups_stat_each_name_when_the_listing_cannot_answer(case):
-    """With the listing layer switched off, or a listing that fails, a miss changes nothing:
-    each name is asked with stat (never answered from a partial listing)."""
-    backend = CallLog(["present"], broken_listings=case == "listing breaks")
-    catalog = catalog_of(backend, listing=case != "listing layer off")
+    """With the listing layer switched off, a listing that fails or has too many entries, or
+    on a mount that creates no names, a miss changes nothing: each name is asked with stat
+    (never answered from a partial listing), and a big directory is listed at most once."""
+    backend = CallLog(["present"] + [f"f{i}" for i in range(LOOKUP_LISTING_MAX + 1)
+                                     if case == "too many entries"],
+                      broken_listings=case == "listing breaks")
+    catalog = catalog_of(backend, makes_names=case != "read-only mount",
+                         listing=case != "listing layer off")
 
     async def main() -> None:
         for name in ("gone0", "gone1", "gone2"):
@@ -235,7 +242,6 @@ def test_lookups_stat_each_name_when_the_listing_cannot_answer(case):
         assert (await catalog.stat("/present")).size == len(b"present")
         stats = backend.calls.count("stat")
         assert stats == 4 and set(backend.calls) <= {"stat", "list"}
-        if case == "listing breaks":
-            assert "list" in backend.calls
+        assert backend.calls.count("list") == (case in ("listing breaks", "too many entries"))
 
     trio.run(main)
