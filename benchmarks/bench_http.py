@@ -7,13 +7,18 @@ of the whole object. Usage::
     python benchmarks/bench_http.py URL [--size-mib 1024] [--workers 1,4,8] [--cacert FILE]
 
 Clients that are not installed are reported as such. The result decides
-``rucio_fs.http``'s machinery (see benchmarks/README.md).
+``rucio_fs.http``'s machinery (see benchmarks/README.md). ``--small N`` measures catalog-sized
+requests instead (HEAD and 4 KiB PUT of URL; signed with SigV4 when ``AWS_ACCESS_KEY_ID`` is
+set, as for the ``server.env`` of ``scripts/servers/s3.sh``)::
+
+    python benchmarks/bench_http.py http://127.0.0.1:PORT/bucket/key --small 2000
 """
 
 from __future__ import annotations
 
 import argparse
 import http.client
+import os
 import ssl
 import subprocess
 import threading
@@ -164,13 +169,94 @@ def httpx_stream(url: str, ctx: ssl.SSLContext | bool, total: int) -> float:
     return time.perf_counter() - start
 
 
+def small_requests(url: str, count: int) -> None:
+    """Catalog-sized requests (HEAD, and PUT of 4 KiB back to ``url``) one after another on
+    trio through httpx with its own transport and with ``http.client`` in a worker thread
+    under it: the daemon's CPU per request (``time.process_time``, all threads) and the wall
+    time."""
+    import functools
+
+    import httpx
+    import trio
+
+    from rucio_fs.http import _Pool
+
+    class ThreadedTransport(httpx.AsyncBaseTransport):
+        """The candidate: httpx above, ``http.client`` in a worker thread below (the read
+        path's pool), each answer read whole."""
+
+        def __init__(self) -> None:
+            self.pool = _Pool(ssl.create_default_context(), 30.0, max_idle=16)
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            body = await request.aread()
+            status, headers, content = await trio.to_thread.run_sync(
+                functools.partial(self.send, request, body))
+            return httpx.Response(status, headers=headers, stream=httpx.ByteStream(content),
+                                  request=request)
+
+        def send(self, request: httpx.Request, body: bytes) -> tuple[int, list, bytes]:
+            url = request.url
+            key = (url.scheme, url.host, url.port or 80)
+            conn = self.pool.get(*key)
+            conn.putrequest(request.method, url.raw_path.decode(), skip_host=True,
+                            skip_accept_encoding=True)
+            for name, value in request.headers.raw:
+                conn.putheader(name, value)
+            conn.endheaders(body or None)
+            response = conn.getresponse()
+            content = response.read()
+            self.pool.put(*key, conn)
+            return response.status, response.getheaders(), content
+
+    body = b"x" * 4096
+
+    async def run(client: httpx.AsyncClient, method: str) -> tuple[float, float]:
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(count):
+            response = await client.request(method, url,
+                                             content=body if method == "PUT" else None)
+            await response.aread()
+            assert response.status_code == 200, response.status_code
+        return ((time.process_time() - cpu) / count * 1e6,
+                (time.perf_counter() - wall) / count * 1e6)
+
+    signer = None
+    if os.environ.get("AWS_ACCESS_KEY_ID"):  # an S3 server: sign as the daemon does
+        import botocore.session
+        from rucio_fs.backends.s3.signing import SigV4
+
+        signer = SigV4(botocore.session.get_session().get_credentials(),
+                       os.environ.get("AWS_REGION", "us-east-1"))
+
+    async def main() -> None:
+        clients = {"httpx (httpcore/h11)": httpx.AsyncClient(auth=signer),
+                   "httpx over ThreadedTransport": httpx.AsyncClient(
+                       transport=ThreadedTransport(), auth=signer)}
+        for method in ("PUT", "HEAD"):
+            for name, client in clients.items():
+                await run(client, method)  # warm: connections made
+                cpu, wall = await run(client, method)
+                print(f"{method:4s} {name:30s} {cpu:6.0f} us CPU {wall:6.0f} us wall",
+                      flush=True)
+        for client in clients.values():
+            await client.aclose()
+
+    trio.run(main)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("url")
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--workers", default="1,4,8")
     ap.add_argument("--cacert")
+    ap.add_argument("--small", type=int, default=0, metavar="N",
+                    help="instead: N small requests to URL (a writable object), per client")
     args = ap.parse_args()
+    if args.small:
+        small_requests(args.url, args.small)
+        return
     total = args.size_mib << 20
     ctx = ssl.create_default_context(cafile=args.cacert) if args.cacert else None
     mb = total / 1e6

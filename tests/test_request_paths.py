@@ -4,6 +4,7 @@ nginx WebDAV storage), and a URL that cannot be sent fails at once, never retrie
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,40 @@ def test_a_url_that_cannot_be_sent_is_a_permanent_error(url):
     with pytest.raises(BadRequestTarget):
         _read(reader, url, 10)
     assert reader.counters["requests"] == 0 and reader.counters["retries"] == 0
+
+
+def test_a_keep_alive_connection_the_server_closed_is_not_reused():
+    """A server may close an idle keep-alive connection without saying so in its answer: the
+    next read opens a new connection instead of failing once and waiting out a retry."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = b"bytes of the object\n" * 100
+
+    class ClosesQuietly(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True  # closed after answering, no "Connection: close"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ClosesQuietly)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    reader = RangeReader(timeout=5)
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/object"
+        for _ in range(3):
+            assert _read(reader, url, len(body)) == body
+            time.sleep(0.05)  # the server's FIN arrives
+    finally:
+        reader.close()
+        server.shutdown()
+        server.server_close()
+    assert reader.counters["retries"] == 0
