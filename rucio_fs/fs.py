@@ -696,12 +696,15 @@ class RucioFs(pyfuse3.Operations):
         if writes.has_below(path):
             raise NotEmpty(path)
         if writes.asynchronous:
-            listing = await self.catalog.list(path)
-            while not listing.done:
-                await listing.wait_beyond(len(listing.entries))
-            if listing.error is not None:
-                raise listing.error
-            if len(listing):
+            empty = writes.never_sent(path)
+            if empty is None:
+                listing = await self.catalog.list(path)
+                while not listing.done:
+                    await listing.wait_beyond(len(listing.entries))
+                if listing.error is not None:
+                    raise listing.error
+                empty = not len(listing)
+            if not empty:
                 raise NotEmpty(path)
             writes.queue_removal("rmdir", path)
         else:

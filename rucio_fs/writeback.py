@@ -725,6 +725,16 @@ class WriteBack:
         self._queue_change("mkdir", path, entry)
         self.catalog.new_directory(path, entry)
 
+    def never_sent(self, directory: str) -> bool | None:
+        """For a directory whose queued ``mkdir`` was never tried (so the server holds nothing
+        below it from here, and nobody else could name it yet): whether it is empty. None
+        when the server must be asked."""
+        made = self._mkdirs.get(directory)
+        if made is None or made.attempts or made.running or made.done:
+            return None
+        return not (self.files.in_directory(directory)
+                    or any(e is not None for _n, e in self.shadow.get(directory, {}).values()))
+
     def queue_removal(self, kind: str, path: str) -> None:
         made = self._mkdirs.get(path) if kind == "rmdir" else None
         if made is not None and self.queue.cancel(made):

@@ -135,6 +135,38 @@ def test_removals_queued_meanwhile_go_in_one_request(s3_catalog, mount_fs, tmp_p
     assert on_server(mount_fs, s3_catalog, tmp_path) == {}
 
 
+def test_a_directory_made_and_removed_before_its_mkdir_ran_never_reaches_the_server(
+        s3_catalog, mount_fs, tmp_path):
+    """Its emptiness is known locally (the server holds nothing below a directory whose mkdir
+    was never tried), even with every cache dropped: no listing per rmdir, and neither change
+    goes to the server. One with a file or a directory queued in it is not empty."""
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC,
+                   "--write-back-parallelism", "1", "--staging-dir", str(tmp_path / "staging"))
+    for i in range(200):
+        os.mkdir(mnt.path / f"d{i}")
+    mnt.drop()  # as mdtest does between its phases: the empty listings are gone too
+    mnt.stats(reset=True)
+    for i in range(200):
+        os.rmdir(mnt.path / f"d{i}")
+    drained(mnt)
+    # A listing only for a directory whose mkdir had been tried meanwhile (and the root's).
+    listings, tried = mnt.backend_calls("list"), mnt.backend_calls("mkdir")
+    assert listings <= tried + 1 and tried < 150, (listings, tried)
+    mnt.stats(reset=True)
+    os.mkdir(mnt.path / "full")
+    (mnt.path / "full" / "f").write_bytes(b"f")
+    os.mkdir(mnt.path / "deep")
+    os.mkdir(mnt.path / "deep" / "e")
+    for directory in ("full", "deep"):
+        with pytest.raises(OSError) as raised:
+            os.rmdir(mnt.path / directory)
+        assert raised.value.errno == errno.ENOTEMPTY
+    drained(mnt)
+    assert mnt.backend_calls("mkdir") == 3  # full, deep, deep/e
+    assert on_server(mount_fs, s3_catalog, tmp_path) == {
+        "full": None, "full/f": b"f", "deep": None, "deep/e": None}
+
+
 def test_kill_9_right_after_cp_loses_nothing(catalog, mount_fs, tmp_path):
     source = tmp_path / "source"
     small_tree(source, 40, seed=8)
