@@ -130,7 +130,8 @@ class Catalog:
         #: Listings being fetched, shared by everyone who opens the directory meanwhile.
         self._filling: dict[str, Listing] = {}
         #: Directories where a lookup lately found nothing on the server (names are being
-        #: made there): their next uncached lookup lists them instead.
+        #: made there): True, their next uncached lookup lists them; False, they are too big
+        #: or their listing failed, so lookups there stat.
         self._missed_in = ttl_cache(1024, lambda _x: config.listing_ttl)
         #: Where listings are fetched and the shared tier is told of changes in the
         #: background; set by the daemon (None: in line).

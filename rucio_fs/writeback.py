@@ -47,6 +47,7 @@ import trio
 from . import journal as journals
 from .backend import Entry, Kind, Upload
 from .budget import ByteBudget, Shares
+from .catalog import split_path
 from .errors import RucioFsError, Unavailable
 from .journal import Journal
 from .write_queue import Op, WriteQueue
@@ -428,11 +429,11 @@ class FilesByPath(dict[str, DirtyFile]):
 
     def __setitem__(self, path: str, dirty: DirtyFile) -> None:
         super().__setitem__(path, dirty)
-        self._by_parent.setdefault(_parent(path), {})[path] = dirty
+        self._by_parent.setdefault(split_path(path)[0], {})[path] = dirty
 
     def __delitem__(self, path: str) -> None:
         super().__delitem__(path)
-        parent = _parent(path)
+        parent = split_path(path)[0]
         siblings = self._by_parent[parent]
         del siblings[path]
         if not siblings:
@@ -448,10 +449,6 @@ class FilesByPath(dict[str, DirtyFile]):
     def clear(self) -> None:
         super().clear()
         self._by_parent.clear()
-
-
-def _parent(path: str) -> str:
-    return path.rpartition("/")[0] or "/"
 
 
 class WriteBack:
@@ -732,8 +729,7 @@ class WriteBack:
         made = self._mkdirs.get(directory)
         if made is None or made.attempts or made.running or made.done:
             return None
-        return not (self.files.in_directory(directory)
-                    or any(e is not None for _n, e in self.shadow.get(directory, {}).values()))
+        return not self.children(directory)
 
     def queue_removal(self, kind: str, path: str) -> None:
         made = self._mkdirs.get(path) if kind == "rmdir" else None
@@ -847,7 +843,7 @@ class WriteBack:
         found = self.shadow.get(parent or "/", {}).get(name)
         return found is not None and found[1] is None
 
-    def children(self, directory: str) -> Iterable[Entry]:
+    def children(self, directory: str) -> list[Entry]:
         local = [dirty.entry() for dirty in self.files.in_directory(directory)]
         made = [entry for _n, entry in self.shadow.get(directory, {}).values()
                 if entry is not None]
