@@ -371,7 +371,7 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
                     failed.append(("/", str(exc)))
             discarded = [p for p in message.get("discard", []) if await ops.discard_pending(p)]
             return {"pending": [{"path": d.path, "size": d.size, "error": d.error,
-                                 "staged": d.staging_path} for d in writes.pending()],
+                                 "staged": d.where} for d in writes.pending()],
                     "queued": writes.queued(), "dropped": writes.queue.take_failed(),
                     "failed": failed, "discarded": discarded}
         if op == "trace_start":

@@ -2,8 +2,11 @@
 
 Contract:
 
-* A :class:`DirtyFile` holds one file's new content in a staging file, which is the truth
-  until the backend has committed it; reads of the file are served from it meanwhile.
+* A :class:`DirtyFile` holds one file's new content locally, which is the truth until the
+  backend has committed it; reads of the file are served from it meanwhile. A new file starts
+  in a slot of the staging arena (:mod:`rucio_fs.arena`); one that outgrows it, or a stored
+  file being modified, has a staging file of its own; after an async close, a small file's
+  content is in the journal (inline) and nowhere else.
 * A file written from empty by appends streams to the backend as parts while the writer is
   still writing. The parts of all files on their way share the uploads' share of the memory
   limit (:mod:`rucio_fs.budget`); a writer waits when it is spent. A write or truncate
@@ -22,7 +25,8 @@ Contract:
   journal and adopts the staged files as pending. A staging file is locked (``flock``) by the
   daemon that writes it; an unlocked one that no pending record names is removed.
 * With ``--write-back async`` (:attr:`WriteBack.asynchronous`), ``close`` returns once the
-  staged bytes and their record are durable (both ``fdatasync``-ed) and the upload is queued
+  content and its record are durable (up to :data:`INLINE_MAX`: both in the journal, one
+  ``fdatasync``; larger: the staging file and the journal) and the upload is queued
   (:mod:`rucio_fs.write_queue`); ``mkdir``, ``unlink`` and ``rmdir`` are journaled and queued
   the same way (not synced: like a local file system's, they are durable after an ``fsync`` of
   their directory), and the mount shows the queued state at once (the overlay). ``fsync`` of a
@@ -45,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from . import journal as journals
+from .arena import SLOT_BYTES, Arena, read_slot
 from .backend import Entry, Kind, Upload
 from .budget import ByteBudget, Shares
 from .catalog import split_path
@@ -63,8 +68,9 @@ MAX_PARTS = 10_000
 COPY_CHUNK = 8 << 20
 #: Seconds between retries of pending uploads: the first, and the most (doubling between).
 RETRY_FIRST, RETRY_MAX = 2.0, 120.0
-#: Staged files up to this size are made durable without leaving the event loop.
-SYNC_IN_LINE_MAX = 1 << 20
+#: Staged files up to this size are made durable (async close) by one copy in the journal,
+#: without leaving the event loop; larger ones by syncing their staging file in a thread.
+INLINE_MAX = SLOT_BYTES
 #: An unlocked staging file without a record is removed once it is this old (seconds): a
 #: daemon of an older version neither locks nor records its files while it writes them.
 UNRECORDED_GRACE = 60.0
@@ -87,12 +93,24 @@ class DirtyFile:
         self.path = path
         #: The committed entry this content replaces (None: the file is new).
         self.base = base
-        self.staging_path, self.fd = staged or writeback.new_staging_file()
+        #: Where the content is: a slot of the arena (a new file, until it outgrows the slot
+        #: or an async close copies it into the journal), the journal (:attr:`inline`, no
+        #: local copy), or else the staging file ``staging_path``.
+        self.slot: int | None = None
+        self.in_journal = False
+        if staged is None and base is None:
+            self.staging_path, self.fd = "", -1
+            self.slot = writeback.arena.take()
+        else:
+            self.staging_path, self.fd = staged or writeback.new_staging_file()
         #: Whether the staging file is closed while its upload waits in the queue (its fd is
         #: opened again when needed): a queue of thousands of files holds no descriptors.
         self.parked = False
         #: The journal number of this content's ``stage`` record (None: none is pending).
         self.stage_n: int | None = None
+        #: Whether that record carries the content itself (async close of a small file): the
+        #: staging file then need not be synced, and a write must record it again first.
+        self.inline = False
         #: The queued upload of this content (async write-back), until it is carried out.
         self.op: Op | None = None
         #: The error of a background upload that no close or fsync has returned yet.
@@ -136,20 +154,46 @@ class DirtyFile:
         """Bytes of the local content, or None while it is still the base's (read that)."""
         if not self.materialized:
             return None
-        self.unpark()
         size = min(size, self.size - offset)
-        return os.pread(self.fd, size, offset) if size > 0 else b""
+        return self._read_range(offset, size) if size > 0 else b""
+
+    def _read_range(self, offset: int, size: int) -> bytes:
+        """``size`` bytes of the local content at ``offset`` (within :attr:`size`)."""
+        if self.slot is not None:
+            return self.wb.arena.read(self.slot, offset, size)
+        if self.in_journal:
+            assert self.stage_n is not None
+            record = self.wb.journal.pending[self.stage_n]
+            return _pread_exact(self.wb.journal.fd, record["_at"] + offset, size)
+        self.unpark()
+        return _pread_exact(self.fd, offset, size)
+
+    @property
+    def where(self) -> str:
+        """Where the content is, for ``rucio-fs uploads`` and logs."""
+        if self.slot is not None:
+            return f"{self.wb.arena.path} (slot {self.slot})"
+        if self.in_journal:
+            return f"{self.wb.journal.path} (record {self.stage_n})"
+        return self.staging_path
 
     @property
     def is_open(self) -> bool:
-        """Whether the staging file still holds this content (open or parked)."""
-        return self.fd >= 0 or self.parked
+        """Whether this content is still held locally (not dropped after its upload)."""
+        return self.fd >= 0 or self.parked or self.slot is not None or self.in_journal
 
     def park(self) -> None:
-        """Close the staging file while no writer has it (its upload is queued)."""
-        if self.fd >= 0 and self.writers == 0:
+        """Free what no writer needs while the upload is queued: close the staging file (a
+        queue of thousands of files holds no descriptors), give back a slot whose content
+        the journal holds."""
+        if self.writers:
+            return
+        if self.fd >= 0:
             os.close(self.fd)
             self.fd, self.parked = -1, True
+        elif self.slot is not None and self.inline:
+            self.wb.arena.give_back(self.slot)
+            self.slot, self.in_journal = None, True
 
     def unpark(self) -> None:
         if self.parked:
@@ -157,13 +201,42 @@ class DirtyFile:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.parked = False
 
+    def _write_range(self, offset: int, data: bytes | memoryview) -> int:
+        if self.slot is None:
+            return os.pwrite(self.fd, data, offset)
+        if offset > self.size:  # a hole reads as zeros, also in a slot that held a file
+            self.wb.arena.write(self.slot, self.size, bytes(offset - self.size))
+        written = self.wb.arena.write(self.slot, offset, data)
+        if offset + written > self.size:
+            self.wb.arena.set_length(self.slot, offset + written)
+        return written
+
+    def _to_staging_file(self, sync: bool) -> None:
+        """Move the content from its slot or the journal into a staging file of its own
+        (it outgrows the slot, or is written again after an async close: then, ``sync``, the
+        staging file is synced first, as it takes over as the durable copy of the content
+        the journal holds inline)."""
+        if self.slot is None and not self.in_journal:
+            return
+        content = self._read_range(0, self.size) if self.materialized else b""
+        path, fd = self.wb.new_staging_file()
+        os.pwrite(fd, content, 0)
+        if sync:
+            os.fdatasync(fd)
+        if self.slot is not None:
+            self.wb.arena.give_back(self.slot)
+        self.staging_path, self.fd, self.slot, self.in_journal = path, fd, None, False
+        if self.stage_n is not None:
+            self.record(again=True)
+
     # -- changes --------------------------------------------------------------------------
 
     async def write(self, offset: int, data: bytes | memoryview) -> int:
         async with self.lock:
             await self._materialize()
+            self._before_change(offset + len(data))
             self.record()
-            written = os.pwrite(self.fd, data, offset)
+            written = self._write_range(offset, data)
             if offset < self.frontier:
                 await self.stop_streaming("a write below the streamed part")
             self.size = max(self.size, offset + written)
@@ -180,8 +253,14 @@ class DirtyFile:
                 await self._materialize()
                 if size < self.frontier:
                     await self.stop_streaming("a truncate below the streamed part")
+            self._before_change(size)
             self.record()
-            os.ftruncate(self.fd, size)
+            if self.slot is not None:
+                if size > self.size:  # a reused slot holds old bytes: zeros, as for a file
+                    self.wb.arena.write(self.slot, self.size, bytes(size - self.size))
+                self.wb.arena.set_length(self.slot, size)
+            else:
+                os.ftruncate(self.fd, size)
             self.size = size
             self._touch()
 
@@ -194,26 +273,48 @@ class DirtyFile:
     def recorded(self) -> bool:
         return self.stage_n is not None
 
-    def record(self, again: bool = False) -> None:
+    def record(self, again: bool = False, inline: bytes | None = None) -> None:
         """Journal that this staging file holds content of the path the server does not have
         (before the data it accounts for); ``again``: also when it is journaled already (the
-        path changed: the new record supersedes the old one)."""
+        path changed, or the content is about to: the new record supersedes the old one);
+        ``inline``: the record carries this content (see :attr:`inline`)."""
         if (self.stage_n is not None and not again) or not self.is_open:
             return
         base = self.base
         old, self.stage_n = self.stage_n, self.wb.journal.append({
-            "op": "stage", "path": self.path, "file": os.path.basename(self.staging_path),
+            "op": "stage", "path": self.path, **self._location(inline is not None),
             "base": None if base is None else {"size": base.size, "version": base.version,
-                                               "mtime_ns": base.mtime_ns}})
+                                               "mtime_ns": base.mtime_ns}}, inline)
+        self.inline = inline is not None
         if old is not None:
             self.wb.journal.done(old, carried_out=False)  # superseded by the new record
         if self.op is not None:
             self.op.n = self.stage_n
 
+    def _before_change(self, end: int) -> None:
+        """Before the content changes (up to ``end``): content copied into the journal by an
+        async close, or growing past its slot, moves to a staging file (synced first when it
+        takes over as the durable copy of what the journal holds inline: a write after an
+        async close, rare)."""
+        if self.in_journal or (self.slot is not None and (self.inline or end > SLOT_BYTES)):
+            self._to_staging_file(sync=self.inline)
+        elif self.inline:
+            os.fdatasync(self.fd)
+            self.record(again=True)
+
+    def _location(self, inline: bool) -> dict[str, Any]:
+        """What a record says of where the content is (an inline record carries it)."""
+        if inline:
+            return {}
+        if self.slot is not None:
+            return {"file": self.wb.arena.name, "slot": self.slot}
+        return {"file": os.path.basename(self.staging_path)}
+
     def rerecord(self) -> None:
         """The path moved: journal it again."""
         if self.stage_n is not None:
-            self.record(again=True)
+            self.record(again=True, inline=(self._read_range(0, self.size)
+                                            if self.inline else None))
 
     def unrecord(self, uploaded: bool = False) -> None:
         """Nothing pending any more (``uploaded``: the server has it; else the content was
@@ -221,6 +322,11 @@ class DirtyFile:
         if self.stage_n is not None:
             self.wb.journal.done(self.stage_n, carried_out=uploaded)
             self.stage_n = None
+            self.inline = False
+        if self.in_journal:  # the content went with its record
+            self.in_journal = False
+            if self.writers:  # reopened meanwhile: read the server's copy, write a slot
+                self.slot, self.materialized = self.wb.arena.take(), False
 
     def _touch(self) -> None:
         self.dirty = True
@@ -234,12 +340,14 @@ class DirtyFile:
             return
         assert self.base is not None
         catalog, base = self.wb.catalog, self.base
+        if self.slot is not None and base.size > SLOT_BYTES:
+            self._to_staging_file(sync=False)
         handle = await catalog.open(self.path, base)
         try:
             for offset in range(0, base.size, COPY_CHUNK):
                 data = await catalog.data_path.read(self.path, base, handle, offset,
                                                     min(COPY_CHUNK, base.size - offset))
-                os.pwrite(self.fd, data, offset)
+                self._write_range(offset, data)
         finally:
             await catalog.close(handle)
         self.size = base.size
@@ -291,9 +399,16 @@ class DirtyFile:
                          self.path, exc)
         await self.stop_streaming("")
         if self.size <= catalog.single_put_max:
-            data = await trio.to_thread.run_sync(_pread_exact, self.fd, 0, self.size)
-            return await catalog.put(self.path, data)
+            return await catalog.put(self.path, await self._read_content(0, self.size))
         return await self._finish_parts()
+
+    async def _read_content(self, offset: int, size: int) -> bytes:
+        """Content to upload: from a staging file in a worker thread (it may be large), else
+        (at most a slot) at once."""
+        if self.slot is None and not self.in_journal:
+            self.unpark()
+            return await trio.to_thread.run_sync(_pread_exact, self.fd, offset, size)
+        return self._read_range(offset, size)
 
     def _part_size(self, number: int) -> int:
         """Parts grow with the file so that any size fits in :data:`MAX_PARTS`."""
@@ -334,7 +449,7 @@ class DirtyFile:
 
     async def _send_part(self, upload: Upload, number: int, offset: int, length: int) -> None:
         try:
-            data = await trio.to_thread.run_sync(_pread_exact, self.fd, offset, length)
+            data = await self._read_content(offset, length)
             await self.wb.catalog.write_part(upload, number, offset, data)
         except Exception as exc:  # reported by the commit that waits for this part
             if self._part_error is None:
@@ -396,8 +511,13 @@ class DirtyFile:
             os.close(self.fd)
         self.fd, self.parked = -1, False
         if not keep:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.staging_path)
+            if self.slot is not None:
+                self.wb.arena.give_back(self.slot)
+                self.slot = None
+            self.in_journal = False
+            if self.staging_path:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.staging_path)
 
 
 async def _best_effort(step: Callable[[], Awaitable[None]], path: str, what: str) -> None:
@@ -478,7 +598,8 @@ class WriteBack:
         #: Where part uploads run; set by the daemon.
         self.nursery: trio.Nursery | None = None
         self._names = itertools.count(1)
-        self.journal = Journal(staging_dir, self.identity)
+        self.journal = Journal(staging_dir, self.identity, preallocate=asynchronous)
+        self.arena = Arena(staging_dir)
         #: Queued mkdir ops by path: an rmdir before one starts cancels both.
         self._mkdirs: dict[str, Op] = {}
         #: Told (path, entry) when a queued upload has left nothing pending: the FUSE layer
@@ -515,55 +636,82 @@ class WriteBack:
         records, old = journals.replay(self.staging_dir, self.identity)
         records = self._legacy_records() + records
         adopted, named, sidecars = [], set(), []
+        arenas: dict[str, int | None] = {}
         for record in records:
             if record.get("op") == "stage":
-                dirty = self._adopt_staged(record)
+                dirty = self._adopt_staged(record, arenas)
                 if dirty is not None:
                     adopted.append(dirty)
-                    named.add(os.path.basename(dirty.staging_path))
+                    if dirty.staging_path:
+                        named.add(os.path.basename(dirty.staging_path))
                     if "sidecar" in record:
                         sidecars.append(record["sidecar"])
             elif record.get("op") in ("mkdir", "unlink", "rmdir"):
                 entry = (Entry(name=record["path"].rpartition("/")[2], kind=Kind.DIR)
                          if record["op"] == "mkdir" else None)
                 self._queue_change(record["op"], record["path"], entry)
-        os.fdatasync(self.journal.fd)  # taken over: only now may the old records go
+        self.journal.sync()  # taken over: only now may the old records go
         journals.remove_journals(old)
+        for path, fd in arenas.items():  # their content is in this mount's journal now
+            if fd is not None:
+                os.unlink(path)
+                os.close(fd)
         for sidecar in sidecars:
             os.unlink(sidecar)
         self._remove_unnamed(named)
         return adopted
 
-    def _adopt_staged(self, record: dict) -> DirtyFile | None:
-        path = os.path.join(self.staging_dir, str(record["file"]))
-        if not os.path.exists(path):
-            log.error("%s: the staged content of %s is gone", path, record["path"])
-            return None
-        fd = journals.lock_unheld(path, os.O_RDWR)
-        if fd is None:  # a live daemon's file
-            return None
-        if record["path"] in self.files:
-            os.close(fd)
+    def _adopt_staged(self, record: dict, arenas: dict[str, int | None]
+                      ) -> DirtyFile | None:
+        """A pending file of ``record``: its content is in the record (inline: what a close
+        promised), in a slot of a dead daemon's arena (``arenas`` caches those opened and
+        locked), or in a staging file, which is taken over as it is."""
+        rpath = str(record["path"])
+        content, fd, where = None, -1, "the journal"
+        if "inline" in record:
+            content = journals.inline_content(record)
+        else:
+            where = path = os.path.join(self.staging_dir, str(record["file"]))
+            if not os.path.exists(path):
+                log.error("%s: the staged content of %s is gone", path, rpath)
+                return None
+            if "slot" in record:
+                if path not in arenas:
+                    arenas[path] = journals.lock_unheld(path)
+                arena_fd = arenas[path]
+                if arena_fd is None:  # a live daemon's arena
+                    return None
+                content = read_slot(arena_fd, int(record["slot"]))
+            else:
+                fd = journals.lock_unheld(path, os.O_RDWR)
+                if fd is None:  # a live daemon's file
+                    return None
+        if rpath in self.files:
+            if fd >= 0:
+                os.close(fd)
             return None
         base_fields = record.get("base")
-        name = str(record["path"]).rpartition("/")[2]
         base = None if not base_fields else Entry(
-            name=name, kind=Kind.FILE, size=int(base_fields.get("size", 0)),
-            version=str(base_fields.get("version", "")),
+            name=rpath.rpartition("/")[2], kind=Kind.FILE,
+            size=int(base_fields.get("size", 0)), version=str(base_fields.get("version", "")),
             mtime_ns=int(base_fields.get("mtime_ns", 0)))
-        dirty = DirtyFile(self, str(record["path"]), base, staged=(path, fd))
-        dirty.size = os.fstat(fd).st_size
+        if content is None:
+            dirty = DirtyFile(self, rpath, base, staged=(where, fd))
+            dirty.size = os.fstat(fd).st_size
+        else:  # journaled here with its content: durable at the sync that ends the adoption
+            dirty = DirtyFile(self, rpath, base, staged=("", -1))
+            dirty.size, dirty.in_journal = len(content), True
         dirty.materialized = dirty.dirty = True
         dirty.streaming = False
         dirty.error = "adopted from an earlier mount"
-        dirty.record()
+        dirty.record(inline=content)
         self.files[dirty.path] = dirty
         if base is None:
             self.catalog.note_entry(dirty.path, dirty.entry())
         self._queue_put(dirty)
         dirty.park()
         log.warning("%s: pending upload of %d bytes adopted from %s", dirty.path, dirty.size,
-                    path)
+                    where)
         return dirty
 
     def _legacy_records(self) -> list[dict]:
@@ -657,15 +805,17 @@ class WriteBack:
         upload unless it is queued already (async write-back)."""
         if not dirty.dirty or dirty.unlinked or dirty.staged == dirty.generation:
             return
-        dirty.record()
         dirty.unpark()
-        if dirty.size <= SYNC_IN_LINE_MAX:
-            # Two fdatasyncs of a small file take less than handing them to a worker thread
-            # and back while uploads keep the loop busy.
-            _sync_both(dirty.fd, self.journal.fd)
+        if dirty.materialized and dirty.size <= INLINE_MAX:
+            # The content goes into the journal with its record: one fdatasync, of a
+            # preallocated file (no file-system journal commit), instead of two.
+            dirty.record(again=True, inline=dirty._read_range(0, dirty.size))
+            self.journal.sync()
+            dirty.park()
         else:
+            dirty.record()
             await trio.to_thread.run_sync(_sync_both, dirty.fd, self.journal.fd)
-        self.journal.syncs += 1
+            self.journal.syncs += 1
         dirty.staged = dirty.generation
         if dirty.op is None:
             self._queue_put(dirty)
@@ -785,7 +935,7 @@ class WriteBack:
         except RucioFsError as exc:
             log.error("%s: upload failed: %s; the data stays staged in %s and is retried at "
                       "the next close or fsync, or by `rucio-fs uploads --retry`",
-                      dirty.path, exc, dirty.staging_path)
+                      dirty.path, exc, dirty.where)
             if raise_errors:
                 raise
             return
@@ -916,11 +1066,12 @@ class WriteBack:
             except RucioFsError as exc:
                 dirty.close_staging(keep=True)
                 log.error("%s: not uploaded (%s); its data is kept in %s", dirty.path, exc,
-                          dirty.staging_path)
+                          dirty.where)
             else:
                 dirty.close_staging(keep=False)
         self.files.clear()
         self.journal.close()
+        self.arena.close()
 
 
 def child(directory: str, name: str) -> str:

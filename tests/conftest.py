@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from rucio_fs import journal as journals
+from rucio_fs.arena import read_slot
 from rucio_fs.daemon import process_running
 from rucio_fs.mounts import FSTYPE, find_mount
 from rucio_fs.testing import irods_fake
@@ -94,8 +96,7 @@ def journal_records(staging: Path, op: str = "stage") -> list[dict]:
     pending: dict[tuple[str, int], dict] = {}
     for journal in staging.glob("journal-*.log"):
         done: set[int] = set()
-        for line in journal.read_text().splitlines()[1:]:
-            record = json.loads(line)
+        for record in journals.read_records(str(journal)):
             if "done" in record or "cancelled" in record:
                 done.update(record.get("done", record.get("cancelled", [])))
             else:
@@ -103,6 +104,20 @@ def journal_records(staging: Path, op: str = "stage") -> list[dict]:
         for n in done:
             pending.pop((journal.name, n), None)
     return [r for r in pending.values() if r["op"] == op]
+
+
+def staged_bytes(staging: Path, record: dict) -> bytes:
+    """The content a pending ``stage`` record (from :func:`journal_records`) stands for."""
+    if "inline" in record:
+        return journals.inline_content(record)
+    path = staging / record["file"]
+    if "slot" in record:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return read_slot(fd, record["slot"])
+        finally:
+            os.close(fd)
+    return path.read_bytes()
 
 
 def adler32(data: bytes) -> str:

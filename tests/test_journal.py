@@ -65,3 +65,78 @@ def test_a_live_daemons_journal_and_another_catalogs_are_left_alone(tmp_path):
     assert records == [] and old == []
     live.close()
     assert os.path.exists(other.path)
+
+
+def replayed(tmp_path) -> list[dict]:
+    records, old = journal.replay(str(tmp_path), "catalog-1")
+    contents = [journal.inline_content(r) if "inline" in r else None for r in records]
+    journal.remove_journals(old)
+    return [(r["path"], c) for r, c in zip(records, contents, strict=True)]
+
+
+def test_inline_content_replays_from_a_preallocated_journal(tmp_path):
+    j = journal.Journal(str(tmp_path), "catalog-1", preallocate=True)
+    j.append({"op": "stage", "path": "/a"}, inline=b"alpha\n\x00bytes")
+    j.append({"op": "stage", "path": "/empty"}, inline=b"")
+    j.sync()
+    assert os.path.getsize(j.path) >= journal.GROW_BYTES  # written in place: zeros follow
+    os.close(j.fd)
+    assert replayed(tmp_path) == [("/a", b"alpha\n\x00bytes"), ("/empty", b"")]
+
+
+def test_a_torn_inline_frame_ends_the_journal(tmp_path):
+    for tear in ("short", "crc"):
+        j = journal.Journal(str(tmp_path), "catalog-1", preallocate=tear == "crc")
+        j.append({"op": "stage", "path": "/kept"}, inline=b"kept")
+        n = j.append({"op": "stage", "path": "/torn"}, inline=b"x" * 100)
+        j.append({"op": "mkdir", "path": "/after"})
+        record = j.pending[n]
+        if tear == "short":  # the power cut came in the middle of the bytes
+            os.ftruncate(j.fd, record["_at"] + 50)
+        else:  # a page of the bytes never reached the disk
+            os.pwrite(j.fd, b"\0" * 10, record["_at"] + 20)
+        os.close(j.fd)
+        assert replayed(tmp_path) == [("/kept", b"kept")], tear
+
+
+def test_a_line_whose_end_never_reached_the_disk_ends_the_journal(tmp_path):
+    j = journal.Journal(str(tmp_path), "catalog-1", preallocate=True)
+    j.append({"op": "mkdir", "path": "/kept"})
+    at = j._bytes
+    j.append({"op": "mkdir", "path": "/torn-in-the-middle"})
+    j.append({"op": "mkdir", "path": "/after"})
+    os.pwrite(j.fd, b"\0" * 8, at + 10)
+    os.close(j.fd)
+    assert left_behind_of(tmp_path) == [("mkdir", "/kept")]
+
+
+def left_behind_of(tmp_path) -> list[tuple[str, str]]:
+    records, old = journal.replay(str(tmp_path), "catalog-1")
+    journal.remove_journals(old)
+    return [(r["op"], r["path"]) for r in records]
+
+
+def test_a_rewrite_keeps_inline_content_and_copies_each_byte_a_bounded_number_of_times(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(journal, "REWRITE_BYTES", 64 << 10)
+    j = journal.Journal(str(tmp_path), "catalog-1", preallocate=True)
+    rewrites = 0
+    rewrite = j._rewrite
+
+    def counted() -> None:
+        nonlocal rewrites
+        rewrites += 1
+        rewrite()
+
+    monkeypatch.setattr(j, "_rewrite", counted)
+    blob = bytes(range(256)) * 16  # 4 KiB
+    kept = j.append({"op": "stage", "path": "/kept"}, inline=blob)
+    numbers = [j.append({"op": "stage", "path": f"/f{i}"}, inline=blob) for i in range(400)]
+    for n in numbers:  # uploaded one by one: the pending part shrinks by 4 KiB at a time
+        j.done(n)
+    # Rewritten each time the pending part halves (about log2(400) times), not at each done.
+    assert 0 < rewrites <= 12, rewrites
+    assert j.inline_bytes(j.pending[kept]) == blob
+    j.sync()
+    os.close(j.fd)
+    assert replayed(tmp_path) == [("/kept", blob)]

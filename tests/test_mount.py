@@ -178,3 +178,22 @@ def test_memory_budget_holds_under_eight_parallel_readers(mount_fs):
     # One 64 MiB budget for cached and in-flight blocks, plus allocator slack.
     assert grown < 64 + 64, f"daemon grew by {grown:.0f} MB"
     assert m.stats()["sizes"]["data_bytes"] <= 64 << 20
+
+
+@pytest.mark.parametrize("write_back", ["sync", "async"])
+def test_holes_and_extensions_read_as_zeros_in_reused_staging_slots(mount_fs, write_back):
+    """New files are staged in reused arena slots: what an earlier file left there must
+    never show through a hole or an extension by truncate."""
+    mnt = mount_fs(f"memory://holes-{write_back}", "--write-back", write_back)
+    for i in range(20):  # the earlier files, gone once uploaded: their slots are reused
+        (mnt.path / f"old{i}").write_bytes(b"\xff" * 4096)
+    for i in range(20):
+        with open(mnt.path / f"hole{i}", "wb") as f:
+            f.seek(1000)
+            f.write(b"end")
+        with open(mnt.path / f"grown{i}", "wb") as f:
+            f.write(b"start")
+            f.truncate(3000)
+    for i in range(20):
+        assert (mnt.path / f"hole{i}").read_bytes() == bytes(1000) + b"end"
+        assert (mnt.path / f"grown{i}").read_bytes() == b"start" + bytes(2995)

@@ -202,6 +202,32 @@ def test_the_server_down_during_the_copy_then_a_kill_loses_nothing(s3_catalog, m
     assert journal_records(Path(staging)) == []
 
 
+def test_what_close_promised_needs_only_the_synced_journal(s3_catalog, mount_fs, tmp_path):
+    """A power cut keeps only what was synced. An async close of a small file syncs its
+    content into the journal and nothing else, so losing every staging and arena file (all
+    unsynced) after ``kill -9`` must lose nothing whose close returned."""
+    source = tmp_path / "source"
+    small_tree(source, 30, seed=10)
+    (source / "zero-length").write_bytes(b"")
+    staging = tmp_path / "staging"
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
+                   "--staging-dir", str(staging))
+    os.listdir(mnt.path)
+    with s3_catalog.server.gateway_down():
+        subprocess.run(["cp", "-r", str(source), str(mnt.path / "tree")], check=True)
+        kill(mnt)
+        lost = [p for p in staging.iterdir() if p.suffix == ".data"]
+        assert lost, "no staging or arena file to lose"
+        for path in lost:
+            path.unlink()
+    again = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, "--staging-dir",
+                     str(staging))
+    drained(again)
+    held = on_server(mount_fs, s3_catalog, tmp_path)
+    assert {k[5:]: v for k, v in held.items() if k.startswith("tree/")} == snapshot(source)
+    assert journal_records(staging) == []
+
+
 def test_write_rename_unlink_and_mkdir_are_replayed_in_order(s3_catalog, mount_fs, tmp_path):
     s3_catalog.server.seed(s3_catalog.url.split("/", 3)[3], {"old": b"on the server",
                                                               "kept": b"stays"})
