@@ -21,10 +21,10 @@ Contract:
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import itertools
 import os
 import struct
+
+from .journal import create_locked, read_exactly
 
 #: Content bytes one slot holds; a file that grows past it moves to a staging file of its own.
 SLOT_BYTES = 1 << 20
@@ -40,15 +40,7 @@ class Arena:
     """One daemon's arena. Every method runs on the trio loop."""
 
     def __init__(self, staging_dir: str) -> None:
-        os.makedirs(staging_dir, mode=0o700, exist_ok=True)
-        for k in itertools.count(1):
-            self.path = os.path.join(staging_dir, f"arena-{os.getpid()}-{k}.data")
-            try:
-                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                break
-            except FileExistsError:
-                continue
-        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self.path, self.fd = create_locked(staging_dir, "arena", ".data")
         self.name = os.path.basename(self.path)
         self._slots = 0
         self._free: list[int] = []
@@ -79,7 +71,7 @@ class Arena:
         return os.pwrite(self.fd, data, slot * SLOT_STRIDE + _LENGTH.size + offset)
 
     def read(self, slot: int, offset: int, size: int) -> bytes:
-        return _pread_exact(self.fd, slot * SLOT_STRIDE + _LENGTH.size + offset, size)
+        return read_exactly(self.fd, slot * SLOT_STRIDE + _LENGTH.size + offset, size)
 
     def close(self) -> None:
         """At unmount: the arena goes unless a slot still holds pending content."""
@@ -91,17 +83,8 @@ class Arena:
 
 
 def read_slot(fd: int, slot: int) -> bytes:
-    """The content a slot of a dead daemon's arena (open as ``fd``) holds."""
+    """The content a slot of a dead daemon's arena (open as ``fd``) holds: what a power cut
+    left of it may be short (never promised: no close synced it)."""
     raw = os.pread(fd, _LENGTH.size, slot * SLOT_STRIDE)
     length = _LENGTH.unpack(raw)[0] if len(raw) == _LENGTH.size else 0
-    return _pread_exact(fd, slot * SLOT_STRIDE + _LENGTH.size, min(length, SLOT_BYTES))
-
-
-def _pread_exact(fd: int, offset: int, size: int) -> bytes:
-    data = os.pread(fd, size, offset)
-    while len(data) < size:
-        more = os.pread(fd, size - len(data), offset + len(data))
-        if not more:
-            break  # a sparse tail reads as zeros up to the size; past the end is short
-        data += more
-    return data + bytes(size - len(data))
+    return os.pread(fd, min(length, SLOT_BYTES), slot * SLOT_STRIDE + _LENGTH.size)

@@ -48,6 +48,8 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from .errors import Unavailable
+
 log = logging.getLogger(__name__)
 
 FORMAT = 1
@@ -73,15 +75,7 @@ class Journal:
         self.staging_dir = staging_dir
         self.url = url
         self.preallocate = preallocate
-        os.makedirs(staging_dir, mode=0o700, exist_ok=True)
-        for k in itertools.count(1):
-            self.path = os.path.join(staging_dir, f"journal-{os.getpid()}-{k}.log")
-            try:
-                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-                break
-            except FileExistsError:
-                continue
-        fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self.path, self.fd = create_locked(staging_dir, "journal", ".log")
         self._header = _line({"journal": FORMAT, "url": url})
         #: Where the next record goes, and the file's size (past it when preallocated).
         self._bytes = self._size = 0
@@ -114,7 +108,7 @@ class Journal:
 
     def inline_bytes(self, record: Mapping[str, Any]) -> bytes:
         """The inline content of a pending record of this journal."""
-        return _pread_exact(self.fd, record["_at"], record["inline"])
+        return read_exactly(self.fd, record["_at"], record["inline"])
 
     def sync(self) -> None:
         """Make everything written so far durable across a power cut."""
@@ -158,20 +152,19 @@ class Journal:
 
     def _rewrite(self) -> None:
         """Replace the journal by its header and its pending records (written to a new file
-        first, so a crash leaves the old or the new one whole)."""
+        first, so a crash leaves the old or the new one whole). Record by record: the
+        memory it takes is one record's, not the pending content's."""
         temporary = self.path + ".tmp"
         fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        chunks, at = [self._header], len(self._header)
+        at = os.write(fd, self._header)
         for record in self.pending.values():
-            line = _line(record)
-            chunks.append(line)
-            at += len(line)
+            data = _line(record)
             if "inline" in record:
-                chunks += [self.inline_bytes(record), b"\n"]
-                record["_at"] = at
-                at += record["inline"] + 1
-        os.write(fd, b"".join(chunks))
+                content_at = at + len(data)
+                data += self.inline_bytes(record) + b"\n"
+                record["_at"] = content_at
+            at += os.write(fd, data)
         if self.pending:
             os.fdatasync(fd)
         os.replace(temporary, self.path)
@@ -196,14 +189,31 @@ def _line(record: Mapping[str, Any]) -> bytes:
                       ).encode("utf-8", "surrogateescape") + b"\n"
 
 
-def _pread_exact(fd: int, offset: int, size: int) -> bytes:
+def read_exactly(fd: int, offset: int, size: int) -> bytes:
+    """``size`` bytes at ``offset`` of a staging, arena or journal file, which this daemon
+    alone writes: fewer is a local disk failure (EIO to the caller)."""
     data = os.pread(fd, size, offset)
     while len(data) < size:
         more = os.pread(fd, size - len(data), offset + len(data))
         if not more:
-            raise OSError(f"journal: {size} bytes expected at {offset}, {len(data)} found")
+            raise Unavailable(f"staging: read {len(data)} of {size} bytes at {offset}")
         data += more
     return data
+
+
+def create_locked(directory: str, stem: str, suffix: str) -> tuple[str, int]:
+    """A new file ``<stem>-<pid>-<k><suffix>`` in ``directory`` (made if need be), open
+    read-write and ``flock``-ed by this daemon: (path, fd)."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    for k in itertools.count(1):
+        path = os.path.join(directory, f"{stem}-{os.getpid()}-{k}{suffix}")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return path, fd
+    raise AssertionError("unreachable")
 
 
 def lock_unheld(path: str, flags: int = os.O_RDONLY) -> int | None:
@@ -296,7 +306,7 @@ def read_records(path: str) -> Iterator[dict[str, Any]]:
 def inline_content(record: Mapping[str, Any]) -> bytes:
     """The inline bytes of a record :func:`replay` returned."""
     with open(record["_journal"], "rb") as f:
-        return _pread_exact(f.fileno(), record["_at"], record["inline"])
+        return read_exactly(f.fileno(), record["_at"], record["inline"])
 
 
 def _pending_of(path: str) -> list[dict[str, Any]]:

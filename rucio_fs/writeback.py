@@ -54,7 +54,7 @@ from .backend import Entry, Kind, Upload
 from .budget import ByteBudget, Shares
 from .catalog import split_path
 from .errors import RucioFsError, Unavailable
-from .journal import Journal
+from .journal import Journal, read_exactly
 from .write_queue import Op, WriteQueue
 
 if TYPE_CHECKING:
@@ -74,13 +74,6 @@ INLINE_MAX = SLOT_BYTES
 #: An unlocked staging file without a record is removed once it is this old (seconds): a
 #: daemon of an older version neither locks nor records its files while it writes them.
 UNRECORDED_GRACE = 60.0
-
-
-def _pread_exact(fd: int, offset: int, size: int) -> bytes:
-    data = os.pread(fd, size, offset)
-    if len(data) != size:  # the staging file is ours alone: this is a local disk failure
-        raise Unavailable(f"staging file: read {len(data)} of {size} bytes at {offset}")
-    return data
 
 
 class DirtyFile:
@@ -164,9 +157,9 @@ class DirtyFile:
         if self.in_journal:
             assert self.stage_n is not None
             record = self.wb.journal.pending[self.stage_n]
-            return _pread_exact(self.wb.journal.fd, record["_at"] + offset, size)
+            return read_exactly(self.wb.journal.fd, record["_at"] + offset, size)
         self.unpark()
-        return _pread_exact(self.fd, offset, size)
+        return read_exactly(self.fd, offset, size)
 
     @property
     def where(self) -> str:
@@ -407,7 +400,7 @@ class DirtyFile:
         (at most a slot) at once."""
         if self.slot is None and not self.in_journal:
             self.unpark()
-            return await trio.to_thread.run_sync(_pread_exact, self.fd, offset, size)
+            return await trio.to_thread.run_sync(read_exactly, self.fd, offset, size)
         return self._read_range(offset, size)
 
     def _part_size(self, number: int) -> int:

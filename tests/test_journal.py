@@ -140,3 +140,24 @@ def test_a_rewrite_keeps_inline_content_and_copies_each_byte_a_bounded_number_of
     j.sync()
     os.close(j.fd)
     assert replayed(tmp_path) == [("/kept", blob)]
+
+
+def test_a_rewrite_holds_one_record_in_memory_not_the_pending_content(tmp_path, monkeypatch):
+    """Thousands of queued small files can wait inline (async ``cp -r``): the rewrite that
+    drops the done ones must not read them all into memory (it did: 267 MiB RSS)."""
+    import tracemalloc
+
+    monkeypatch.setattr(journal, "REWRITE_BYTES", 1 << 20)
+    j = journal.Journal(str(tmp_path), "catalog-1", preallocate=True)
+    blob = os.urandom(256 << 10)
+    numbers = [j.append({"op": "stage", "path": f"/f{i}"}, inline=blob) for i in range(160)]
+    j.done(*numbers[:79])  # 40 MiB written, more than half of it pending
+    assert j._bytes > 40 << 20
+    tracemalloc.start()
+    j.done(*numbers[79:82])  # less than half pending: rewritten now
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert j._bytes < 25 << 20, "not rewritten"
+    assert peak < 4 << 20, peak
+    assert all(j.inline_bytes(j.pending[n]) == blob for n in numbers[82:])
+    j.close()
