@@ -248,12 +248,12 @@ class DirtyFile:
                     await self.stop_streaming("a truncate below the streamed part")
             self._before_change(size)
             self.record()
-            if self.slot is not None:
-                if size > self.size:  # a reused slot holds old bytes: zeros, as for a file
-                    self.wb.arena.write(self.slot, self.size, bytes(size - self.size))
-                self.wb.arena.set_length(self.slot, size)
-            else:
+            if self.slot is None:
                 os.ftruncate(self.fd, size)
+            elif size > self.size:  # zeros, as for a file (the slot may hold old bytes)
+                self._write_range(self.size, bytes(size - self.size))
+            else:
+                self.wb.arena.set_length(self.slot, size)
             self.size = size
             self._touch()
 
