@@ -138,17 +138,14 @@ class DiskCache:
         await trio.to_thread.run_sync(self._write, digest, data, limiter=self._limiter)
 
     def discard(self, key: Hashable) -> None:
-        digest = self.digest(key)
-        self._forget(digest)
-        self._file(digest).unlink(missing_ok=True)
+        self._forget(self.digest(key), unlink=True)
 
     def drop(self) -> None:
         with self._lock:
-            digests = list(self._index)
-            self._index.clear()
-            self._bytes = 0
-        for digest in digests:
-            self._file(digest).unlink(missing_ok=True)
+            for digest, size in list(self._index.items()):
+                self._file(digest).unlink(missing_ok=True)
+                del self._index[digest]
+                self._bytes -= size
         self._counters["drops"] += 1
 
     # -- blocking parts (worker threads) ------------------------------------------------------
@@ -171,8 +168,7 @@ class DiskCache:
             self._events["disk_cache_corrupt"] += 1
             log.warning("disk cache: block %s is damaged: deleted, fetching it again",
                         file.name[:16])
-            self._forget(digest)
-            file.unlink(missing_ok=True)
+            self._forget(digest, unlink=True)
             return None
         with self._lock:
             if digest in self._index:
@@ -202,17 +198,24 @@ class DiskCache:
             self._release(size)
             return
         with self._lock:
-            self._index[digest] = size
+            if digest in self._index:  # a concurrent put of the same block: one file, counted once
+                self._bytes -= size
+            else:
+                self._index[digest] = size
         self._counters["stores"] += 1
 
     def _evict(self, incoming: int) -> bool:
-        """Make room for ``incoming`` bytes (reserved on success) within both limits."""
+        """Make room for ``incoming`` bytes (reserved on success) within both limits.
+
+        Victims are unlinked under the lock: space counted as free must already be free on
+        disk, or a concurrent writer could fill it while a victim's file still exists.
+        """
         try:
             st = os.statvfs(self.directory)
             free = st.f_bavail * st.f_frsize
         except OSError:
             free = 0
-        victims = []
+        evicted = 0
         with self._lock:
             def fits() -> bool:
                 return (self._bytes + incoming <= self.max_bytes
@@ -220,24 +223,25 @@ class DiskCache:
 
             while self._index and not fits():
                 digest, size = self._index.popitem(last=False)
+                self._file(digest).unlink(missing_ok=True)
                 self._bytes -= size
                 free += size
-                victims.append(digest)
+                evicted += 1
             ok = fits()
             if ok:
                 self._bytes += incoming
-        for digest in victims:
-            self._file(digest).unlink(missing_ok=True)
-        if victims:
-            self._events["disk_cache_evicted"] += len(victims)
+        if evicted:
+            self._events["disk_cache_evicted"] += evicted
         return ok
 
     def _release(self, size: int) -> None:
         with self._lock:
             self._bytes -= size
 
-    def _forget(self, digest: bytes) -> None:
+    def _forget(self, digest: bytes, unlink: bool = False) -> None:
         with self._lock:
             size = self._index.pop(digest, None)
+            if unlink:  # before the bytes count as free (see _evict)
+                self._file(digest).unlink(missing_ok=True)
             if size is not None:
                 self._bytes -= size

@@ -6,9 +6,9 @@ parser and packer over a trio stream cost 75 µs and 4.4 ms. So the protocol is 
 library's and the sockets are the event loop's.
 
 Contract: :meth:`Redis.run` sends commands as one pipeline and returns their replies in order,
-or raises :class:`RedisDown`. ``timeout`` bounds Redis's *silence*: connecting, sending, and
-every wait for more of the reply must each progress within it (a large reply that keeps
-arriving is not cut off because this event loop was busy elsewhere for a moment), and a whole
+or raises :class:`RedisDown`. ``timeout`` bounds Redis's *silence*: connecting, sending each
+:data:`SEND_PIECE`, and every wait for more of the reply must each progress within it (a large
+payload or reply that keeps moving is not cut off because this node is busy), and a whole
 call never takes more than :data:`CALL_LIMIT` timeouts. A failure opens a *breaker*: for a
 back-off that doubles up to :data:`MAX_BACKOFF` every call fails at once, without waiting on a
 server that just failed, so no FUSE request pays the timeout twice in a row. The first failure
@@ -46,6 +46,8 @@ CALL_LIMIT = 20
 LOG_INTERVAL = 60.0
 #: Connections kept open for concurrent callers.
 MAX_IDLE = 8
+#: Most bytes one send may take to go out before Redis counts as silent.
+SEND_PIECE = 64 << 10
 
 Command = Sequence[str | bytes | int | float]
 
@@ -114,8 +116,12 @@ class _Connection:
         """The replies to ``commands``, and the bytes sent and received. Each step (the send,
         every receive) must make progress within ``silence`` seconds."""
         payload = b"".join(hiredis.pack_command(tuple(c)) for c in commands)
-        with trio.fail_after(silence):
-            await self.stream.send_all(payload)
+        # A large payload (a listing's chunks) goes in pieces, each within ``silence``: Redis
+        # that keeps reading is progressing, however long the whole send takes on a busy node.
+        view = memoryview(payload)
+        for start in range(0, len(view), SEND_PIECE):
+            with trio.fail_after(silence):
+                await self.stream.send_all(view[start:start + SEND_PIECE])
         replies: list[Any] = []
         received = 0
         while len(replies) < len(commands):

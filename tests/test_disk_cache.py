@@ -4,6 +4,7 @@ remounts, and detection of damaged blocks."""
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 from conftest import run_cli
@@ -14,12 +15,28 @@ MiB = 1 << 20
 
 
 def cache_bytes(directory: Path) -> int:
-    """Bytes of the block files (a writer's temporary file may vanish while we look)."""
-    total = 0
-    for f in directory.rglob("*"):
-        with contextlib.suppress(FileNotFoundError):
-            total += f.stat().st_size if f.is_file() else 0
-    return total
+    """Bytes of the block files, from a scan that saw no change.
+
+    A walk is not a snapshot: while read-ahead still stores blocks, it can count a block in
+    one subdirectory before its eviction and the block that replaced it in another after, so
+    the walk is repeated until two agree.
+    """
+    def scan() -> dict[Path, int]:
+        sizes = {}
+        for f in directory.rglob("*"):
+            with contextlib.suppress(FileNotFoundError):  # a writer's temporary file, renamed
+                if f.is_file():
+                    sizes[f] = f.stat().st_size
+        return sizes
+
+    before = scan()
+    for _ in range(100):
+        after = scan()
+        if after == before:
+            break
+        before = after
+        time.sleep(0.05)
+    return sum(after.values())
 
 
 def read_range(path: Path, offset: int, size: int) -> bytes:
@@ -91,3 +108,47 @@ def test_drop_empties_the_disk_layer_and_cold_turns_it_off(mount_fs, tmp_path):
     read_range(cold.path / BIG, 0, MiB)
     assert not (tmp_path / "unused").exists()
     assert cold.stats()["config"]["disk_dir"] == ""
+
+
+def test_an_evicted_block_is_gone_from_disk_before_its_space_is_reused(tmp_path, monkeypatch):
+    """The limit holds on disk at every instant, not only in the cache's own count: while one
+    writer is still removing the block it evicted, another writer must not fill that space."""
+    import threading
+
+    from rucio_fs.disk_cache import HEADER, DiskCache
+    from rucio_fs.stats import Stats
+
+    block = HEADER.size + MiB
+    cache = DiskCache(str(tmp_path), 2 * block, "test://", Stats(), free_floor=0,
+                      block_size=MiB)
+    cache.load()
+    data = bytes(MiB)
+    cache._write(cache.digest(("a", 1, 0)), data)
+    cache._write(cache.digest(("a", 1, 1)), data)
+    victim = cache._file(cache.digest(("a", 1, 0)))
+
+    real_unlink = Path.unlink
+    unlinking = threading.Event()
+
+    def slow_unlink(self, missing_ok=False):
+        if self == victim:
+            unlinking.set()
+            time.sleep(0.5)
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", slow_unlink)
+    # A file's small last block evicts a whole block; the space it leaves over fits another
+    # block without any eviction, so nothing but the order of steps keeps the limit.
+    first = threading.Thread(target=cache._write,
+                             args=(cache.digest(("b", 1, 0)), bytes(1000)))
+    first.start()
+    assert unlinking.wait(5)
+    second = threading.Thread(target=cache._write,
+                              args=(cache.digest(("c", 1, 0)), bytes(MiB - 2000)))
+    second.start()
+    second.join(0.3)  # with the bug, it writes its block into space the victim still holds
+    assert cache_bytes(tmp_path) <= 2 * block
+    first.join()
+    second.join()
+    assert cache_bytes(tmp_path) <= 2 * block
+    assert cache.currsize == cache_bytes(tmp_path)

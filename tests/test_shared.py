@@ -267,6 +267,47 @@ def test_an_unusable_redis_costs_at_most_its_timeout_once(where, silent_server):
     trio.run(main)
 
 
+def test_a_large_send_to_a_redis_that_keeps_reading_is_not_silence():
+    """A listing's chunks (megabytes) to a Redis that reads steadily but slowly (a loaded
+    node): the send takes far longer than the timeout, yet Redis was never silent."""
+    from rucio_fs.redis_client import Redis, RedisAddress
+
+    value = os.urandom(8 << 20)
+    command = b"".join([b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n",
+                        f"${len(value)}\r\n".encode(), value, b"\r\n"])
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    received = bytearray()
+
+    def serve() -> None:
+        peer, _ = listener.accept()
+        with peer:
+            while len(received) < len(command):
+                time.sleep(0.002)  # ~32 MB/s: every step progresses, the whole takes long
+                received.extend(peer.recv(64 << 10))
+            peer.sendall(b"+OK\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    async def main() -> None:
+        redis = Redis(RedisAddress.parse(f"redis://127.0.0.1:{listener.getsockname()[1]}/0"),
+                      0.05)
+        start = time.monotonic()
+        assert await redis.run(("SET", "k", value)) == [b"OK"]
+        assert time.monotonic() - start > 0.05 and redis.failures == 0
+        await redis.aclose()
+
+    try:
+        trio.run(main)
+    finally:
+        thread.join(5)
+        listener.close()
+    assert bytes(received) == command
+
+
 def _closed_port() -> int:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
