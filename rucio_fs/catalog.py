@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
@@ -68,6 +69,10 @@ class Overlay(Protocol):
     def hidden_children(self, directory: str) -> Iterable[str]:
         """The names directly in ``directory`` that are removed locally."""
 
+    def holds_all_of(self, directory: str) -> bool:
+        """Whether everything in ``directory`` is local: it was made here and its creation
+        never sent, so the server holds nothing in it and no other client can name it."""
+
 
 class _NoOverlay:
     def entry(self, path: str) -> Entry | None:
@@ -81,6 +86,9 @@ class _NoOverlay:
 
     def hidden_children(self, directory: str) -> Iterable[str]:
         return ()
+
+    def holds_all_of(self, directory: str) -> bool:
+        return False
 
 
 def child_path(parent: str, name: str) -> str:
@@ -133,6 +141,10 @@ class Catalog:
         #: made there): True, their next uncached lookup lists them; False, they are too big
         #: or their listing failed, so lookups there stat.
         self._missed_in = ttl_cache(1024, lambda _x: config.listing_ttl)
+        #: Until when (monotonic) names count as being made anywhere on this mount: a lookup
+        #: in a directory not yet in :attr:`_missed_in` lists it too (mdtest, ``cp -r`` into
+        #: an existing tree: each new directory's first lookup would otherwise stat).
+        self._making_names_until = 0.0
         #: Where listings are fetched and the shared tier is told of changes in the
         #: background; set by the daemon (None: in line).
         self.nursery: trio.Nursery | None = None
@@ -156,20 +168,26 @@ class Catalog:
     async def stat(self, path: str) -> Entry:
         """Attributes of ``path``: metadata cache, then the parent's cached listing, then stat.
 
-        On a mount that creates names, where a lookup lately found nothing (names are being
-        created there: ``cp -r``, untar, mdtest), the next uncached lookup lists the parent
-        once instead, so each later name in it is answered from that listing rather than with
-        a stat apiece; a directory of more than :data:`LOOKUP_LISTING_MAX` entries is not
-        listed for it (nor tried again while remembered)."""
+        On a mount that creates names, once a lookup lately found nothing (names are being
+        created: ``cp -r``, untar, mdtest), an uncached lookup lists the parent once instead
+        of a stat, so each later name in it is answered from that listing rather than with
+        a stat apiece (for S3 one LIST instead of a HEAD and a LIST); a directory of more than
+        :data:`LOOKUP_LISTING_MAX` entries is not listed for it (nor tried again while
+        remembered). In a directory made here whose creation was never sent (async
+        write-back), a name the overlay does not have does not exist: nothing is asked."""
         entry = self.overlay.entry(path)
         if entry is None:
-            if self.overlay.hides(path):
+            if self.overlay.hides(path) or (
+                    path != "/" and self.overlay.holds_all_of(split_path(path)[0])):
                 raise NotFound(path)
             entry = self.metadata.get(path)
         if entry is None and path != "/":
             parent, name = split_path(path)
             listing = self.listing.get(parent)
-            if (listing is None and self._missed_in.get(parent) and self.listing.enabled
+            making = self._missed_in.get(parent)
+            if making is None:
+                making = self._making_names_until > time.monotonic()
+            if (listing is None and making and self.listing.enabled
                     and self.backend.lists_everything(parent)):
                 listing = await self._small_listing(parent)
             if listing is not None:
@@ -188,6 +206,7 @@ class Catalog:
                 self.metadata.put(path, _MISSING)
                 if self.makes_names:
                     self._missed_in.setdefault(split_path(path)[0], True)
+                    self._making_names_until = time.monotonic() + self.config.listing_ttl
                 await self._share_entry(path, _MISSING)
                 raise
             self.metadata.put(path, entry)
@@ -492,6 +511,7 @@ class Catalog:
             if layer in ("metadata", "listing"):
                 getattr(self, layer).drop()
                 self._missed_in.clear()
+                self._making_names_until = 0.0
                 if layer == "metadata":
                     self.xattr_cache.drop()
                     self.backend.drop_caches()

@@ -80,6 +80,13 @@ class DirtyFile:
     """One file's pending content. Every method runs on the trio loop; mutations hold
     ``lock``, so a commit uploads a consistent snapshot."""
 
+    # Thousands wait in an async queue: no per-instance dict.
+    __slots__ = ("_committed", "_file_slots", "_in_flight", "_next_part", "_part_error",
+                 "_parts_done", "_upload", "base", "dirty", "error", "fd", "frontier",
+                 "generation", "in_journal", "inline", "lock", "materialized", "mtime_ns", "op",
+                 "parked", "path", "size", "slot", "stage_n", "staged", "staging_path",
+                 "streaming", "unlinked", "unreported", "wb", "writers")
+
     def __init__(self, writeback: WriteBack, path: str, base: Entry | None,
                  staged: tuple[str, int] | None = None) -> None:
         self.wb = writeback
@@ -128,9 +135,10 @@ class DirtyFile:
         self._committed: Upload | None = None
         self._next_part = 1
         self._in_flight = 0
-        self._parts_done = trio.Event()
+        # Made with the first part (most files are one PUT: thousands queue without them).
+        self._parts_done: trio.Event | None = None
         self._part_error: BaseException | None = None
-        self._file_slots = trio.Semaphore(max(1, writeback.catalog.upload_parallelism))
+        self._file_slots: trio.Semaphore | None = None
 
     # -- what the FUSE layer sees ---------------------------------------------------------
 
@@ -430,6 +438,9 @@ class DirtyFile:
                     if final:
                         raise
                     return
+            if self._file_slots is None:
+                self._file_slots = trio.Semaphore(max(1, self.wb.catalog.upload_parallelism))
+                self._parts_done = trio.Event()
             length = min(part, remaining)
             await self._file_slots.acquire()
             await self.wb.part_bytes.acquire(length)
@@ -449,6 +460,7 @@ class DirtyFile:
                 self._part_error = exc
         finally:
             self.wb.part_bytes.release(length)
+            assert self._file_slots is not None and self._parts_done is not None
             self._file_slots.release()
             self._in_flight -= 1
             done, self._parts_done = self._parts_done, trio.Event()
@@ -456,6 +468,7 @@ class DirtyFile:
 
     async def _wait_parts(self) -> None:
         while self._in_flight:
+            assert self._parts_done is not None  # parts in flight were made with it
             await self._parts_done.wait()
 
     async def _finish_parts(self) -> Entry:
@@ -869,10 +882,13 @@ class WriteBack:
         """For a directory whose queued ``mkdir`` was never tried (so the server holds nothing
         below it from here, and nobody else could name it yet): whether it is empty. None
         when the server must be asked."""
-        made = self._mkdirs.get(directory)
-        if made is None or made.attempts or made.running or made.done:
+        if not self.holds_all_of(directory):
             return None
         return not self.children(directory)
+
+    def holds_all_of(self, directory: str) -> bool:
+        made = self._mkdirs.get(directory)
+        return made is not None and not (made.attempts or made.running or made.done)
 
     def queue_removal(self, kind: str, path: str) -> None:
         made = self._mkdirs.get(path) if kind == "rmdir" else None

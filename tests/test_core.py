@@ -223,6 +223,52 @@ def test_after_a_lookup_miss_a_directory_is_listed_once_not_stat_per_name():
     trio.run(main)
 
 
+class TwoLevels(CallLog):
+    """``/d0`` … ``/d9``, each holding ``f0`` … ``f7``; logs each call with its path."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.dirs = {f"d{i}": [f"f{j}" for j in range(8)] for i in range(10)}
+
+    async def stat(self, path: str) -> Entry:
+        self.calls.append(f"stat {path}")
+        parent, _, name = path.rpartition("/")
+        if (path == "/" or (parent == "" and name in self.dirs)):
+            return Entry(name=name, kind=Kind.DIR)
+        if name in self.dirs.get(parent[1:], ()):
+            return Entry(name=name, kind=Kind.FILE, size=1)
+        raise NotFound(path)
+
+    async def list(self, path: str) -> AsyncIterator[Entry]:
+        self.calls.append(f"list {path}")
+        for name in self.dirs[path[1:]]:
+            yield Entry(name=name, kind=Kind.FILE, size=1)
+
+
+def test_once_names_are_being_made_a_new_directory_is_listed_not_stat_first():
+    """mdtest and ``cp -r`` into an existing tree make names in one directory after another:
+    after a miss in one, the first lookup in each other directory lists it (one request)
+    rather than stat the name and then list (S3: three requests)."""
+    backend = TwoLevels()
+    catalog = catalog_of(backend, makes_names=True)
+
+    async def main() -> None:
+        with pytest.raises(NotFound):
+            await catalog.stat("/d0/new")
+        for i in range(1, 10):
+            with pytest.raises(NotFound):
+                await catalog.stat(f"/d{i}/new")
+            assert (await catalog.stat(f"/d{i}/f3")).size == 1
+        assert backend.calls == ["stat /d0/new"] + [f"list /d{i}" for i in range(1, 10)]
+        catalog.drop(["metadata", "listing"])  # cold again: the first miss is a stat again
+        backend.calls.clear()
+        with pytest.raises(NotFound):
+            await catalog.stat("/d5/new")
+        assert backend.calls == ["stat /d5/new"]
+
+    trio.run(main)
+
+
 @pytest.mark.parametrize("case", ["listing layer off", "listing breaks", "too many entries",
                                   "read-only mount"])
 def test_lookups_stat_each_name_when_the_listing_cannot_answer(case):

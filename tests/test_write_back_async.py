@@ -167,6 +167,28 @@ def test_a_directory_made_and_removed_before_its_mkdir_ran_never_reaches_the_ser
         "full": None, "full/f": b"f", "deep": None, "deep/e": None}
 
 
+def test_names_in_a_directory_whose_mkdir_never_ran_are_not_asked_of_the_server(
+        s3_catalog, mount_fs, tmp_path):
+    """mdtest's file creation after a cache drop: a lookup in a directory made here and never
+    sent is answered locally (the server holds nothing there), not with a listing or a stat
+    apiece; the files still end up on the server, and only there."""
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC,
+                   "--write-back-parallelism", "1", "--staging-dir", str(tmp_path / "staging"))
+    for i in range(200):
+        os.mkdir(mnt.path / f"d{i}")
+    mnt.drop()
+    mnt.stats(reset=True)
+    for i in range(200):
+        (mnt.path / f"d{i}" / "f").write_bytes(b"%d" % i)
+    asked = mnt.backend_calls("list") + mnt.backend_calls("stat")
+    tried = mnt.backend_calls("mkdir")
+    # At most a listing and a stat for a directory whose mkdir was tried meanwhile.
+    assert asked <= 2 * tried + 2 and tried < 150, (asked, tried)
+    drained(mnt)
+    assert on_server(mount_fs, s3_catalog, tmp_path) == {
+        **{f"d{i}": None for i in range(200)}, **{f"d{i}/f": b"%d" % i for i in range(200)}}
+
+
 def test_kill_9_right_after_cp_loses_nothing(catalog, mount_fs, tmp_path):
     source = tmp_path / "source"
     small_tree(source, 40, seed=8)
