@@ -166,9 +166,11 @@ def geesefs_binary() -> str | None:
 
 
 @contextmanager
-def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path) -> Iterator[Path]:
+def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path,
+                  part_mb: int = 0) -> Iterator[Path]:
     """``prefix`` of bucket ``test`` mounted by rucio-fs, ``s3fs``, ``geesefs`` or ``rclone``
-    (``env``: the ``server.env`` of ``scripts/servers/s3.sh``); unmounted on exit."""
+    (``env``: the ``server.env`` of ``scripts/servers/s3.sh``); unmounted on exit.
+    ``part_mb``: the multipart part size, where not the client's default (s3fs only)."""
     path = Path(tempfile.mkdtemp(dir=root))
     endpoint = env["VGW_ENDPOINT"]
     if kind == "rucio-fs":
@@ -185,7 +187,8 @@ def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path) -> Iterator[Pat
         secrets.chmod(0o600)
         subprocess.run(["s3fs", "test:/" + prefix, str(path), "-o",
                         f"url={endpoint},use_path_request_style,passwd_file={secrets},"
-                        "endpoint=us-east-1"], check=True)
+                        "endpoint=us-east-1"
+                        + (f",multipart_size={part_mb}" if part_mb else "")], check=True)
     elif kind == "geesefs":
         peer_env.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
         subprocess.run([geesefs_binary() or "geesefs", "--endpoint", endpoint,
