@@ -171,10 +171,10 @@ class Catalog:
         On a mount that creates names, once a lookup lately found nothing (names are being
         created: ``cp -r``, untar, mdtest), an uncached lookup lists the parent once instead
         of a stat, so each later name in it is answered from that listing rather than with
-        a stat apiece (for S3 one LIST instead of a HEAD and a LIST); a directory of more than
-        :data:`LOOKUP_LISTING_MAX` entries is not listed for it (nor tried again while
-        remembered). In a directory made here whose creation was never sent (async
-        write-back), a name the overlay does not have does not exist: nothing is asked."""
+        a stat apiece; a directory of more than :data:`LOOKUP_LISTING_MAX` entries is not
+        listed for it (nor tried again while remembered). In a directory made here whose
+        creation was never sent (async write-back), a name the overlay does not have does
+        not exist: nothing is asked."""
         entry = self.overlay.entry(path)
         if entry is None:
             if self.overlay.hides(path) or (

@@ -181,6 +181,27 @@ def test_odd_keys_follow_the_documented_rule_on_moto(mount_fs, s3_server):
     assert body == b"written"
 
 
+def test_stat_by_one_listing_with_many_siblings_before_the_directory(mount_fs, s3_server):
+    """A lookup lists the keys starting with the name: the object of that key is the file,
+    the prefix ``name/`` the directory (which wins). Siblings that sort between the two
+    (``k-000`` … more than one page of the stat's LIST) must not hide either."""
+    from rucio_fs.backends.s3.backend import STAT_KEYS
+
+    prefix = unique("stat")
+    client = s3_server.client(s3_server.moto)
+    keys = {"k": b"object k", "k/child": b"child", "f": b"file f", "f.txt": b"t"}
+    for stem in ("k", "f", "g"):
+        keys.update({f"{stem}-{i:03d}": b"s" for i in range(STAT_KEYS + 20)})
+    for key, body in keys.items():
+        client.put_object(Bucket="test", Key=f"{prefix}/{key}", Body=body)
+    mnt = mount_s3(mount_fs, s3_server.moto, prefix)
+    assert (mnt.path / "k").is_dir() and (mnt.path / "k" / "child").read_bytes() == b"child"
+    assert (mnt.path / "f").is_file() and (mnt.path / "f").stat().st_size == len(b"file f")
+    assert (mnt.path / "f").read_bytes() == b"file f"
+    assert not (mnt.path / "g").exists() and not (mnt.path / "k-999").exists()
+    assert (mnt.path / f"g-{STAT_KEYS + 19:03d}").read_bytes() == b"s"
+
+
 def test_rmdir_never_destroys_data_in_a_marker_or_writes_one(mount_fs, s3_server):
     """moto keeps ``dir/`` keys with data: a directory operation never deletes or rewrites
     them; a directory holding only hidden keys fails rmdir without writing a marker."""

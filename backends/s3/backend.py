@@ -80,6 +80,9 @@ from .upload import MultipartUpload, content_md5, md5, md5_of
 
 log = logging.getLogger(__name__)
 
+#: Keys one ``stat`` LIST asks for: the name's own key, and siblings that sort before its
+#: ``name/`` prefix.
+STAT_KEYS = 100
 #: Presigned read URLs live this long and are renewed at half of it.
 PRESIGN_SECONDS = 3600
 #: CopyObject's size limit; larger objects are copied part by part.
@@ -271,31 +274,29 @@ class S3Backend(Backend):
                      metadata=_storage_class(item.get("StorageClass", "")))
 
     async def stat(self, path: str) -> Entry:
+        """One LIST of the keys that start with the name answers both questions: an object
+        of that exact key (a file) and the prefix ``name/`` (a directory, which wins). Only
+        when more than :data:`STAT_KEYS` siblings sort between the two (``name-1``,
+        ``name.bak`` …) is ``name/`` asked separately. (A HEAD and a one-key LIST at once
+        cost 2.0 ms of this daemon's time on versitygw, against 0.9 ms for one LIST.)"""
         if path == "/":
             return Entry(name="", kind=Kind.DIR, mtime_ns=self._started_ns)
         key = self._key(path)
         name = path.rpartition("/")[2]
-        results: dict[str, Any] = {}
-
-        async def head() -> None:
-            try:
-                results["head"] = await self._head(key)
-            except NotFound:
-                results["head"] = None
-
-        async def under() -> None:
-            contents, prefixes = await self._first_keys(key + "/", 1)
-            results["dir"] = bool(contents or prefixes)
-
-        async with open_nursery() as nursery:
-            nursery.start_soon(head)
-            nursery.start_soon(under)
-        if results["dir"]:
+        body = await self._fetch_page(key, None, "/", STAT_KEYS)
+        contents, prefixes = parse_page(body, key)
+        below = key + "/"
+        if below in prefixes:
             return Entry(name=name, kind=Kind.DIR, mtime_ns=self._started_ns)
-        response = results["head"]
-        if response is None:
-            raise NotFound(path)
-        return self._head_entry(name, response)
+        seen = [item.get("Key", "") for item in contents] + prefixes
+        if next_token(body, key) is not None and max(seen, default="") < below:
+            sub_contents, sub_prefixes = await self._first_keys(below, 1)
+            if sub_contents or sub_prefixes:
+                return Entry(name=name, kind=Kind.DIR, mtime_ns=self._started_ns)
+        for item in contents:
+            if item.get("Key") == key:
+                return self._file_entry(name, item)
+        raise NotFound(path)
 
     async def _head(self, key: str) -> httpx.Response:
         return await self._api().request("HEAD", self._url_path(key), what=f"HEAD {key}")
