@@ -133,18 +133,16 @@ class Catalog:
         #: Files with local content (set by the write-back of a writable mount).
         self.overlay: Overlay = _NoOverlay()
         #: Whether names are created through this mount (set with the write-back): then a
-        #: lookup miss makes the next lookup in that directory list it (see :meth:`stat`).
+        #: lookup miss makes the next uncached lookups list their directory (see :meth:`stat`).
         self.makes_names = False
         #: Listings being fetched, shared by everyone who opens the directory meanwhile.
         self._filling: dict[str, Listing] = {}
-        #: Directories where a lookup lately found nothing on the server (names are being
-        #: made there): True, their next uncached lookup lists them; False, they are too big
-        #: or their listing failed, so lookups there stat.
-        self._missed_in = ttl_cache(1024, lambda _x: config.listing_ttl)
-        #: Until when (monotonic) names count as being made anywhere on this mount: a lookup
-        #: in a directory not yet in :attr:`_missed_in` lists it too (mdtest, ``cp -r`` into
-        #: an existing tree: each new directory's first lookup would otherwise stat).
+        #: Until when (monotonic) names count as being made on this mount (a lookup lately
+        #: found nothing on the server): meanwhile an uncached lookup lists its directory.
         self._making_names_until = 0.0
+        #: Directories too big to list for a lookup, or whose listing failed: lookups there
+        #: stat (remembered for the listing TTL).
+        self._unlistable = ttl_cache(1024, lambda _x: config.listing_ttl)
         #: Where listings are fetched and the shared tier is told of changes in the
         #: background; set by the daemon (None: in line).
         self.nursery: trio.Nursery | None = None
@@ -177,17 +175,16 @@ class Catalog:
         not exist: nothing is asked."""
         entry = self.overlay.entry(path)
         if entry is None:
-            if self.overlay.hides(path) or (
-                    path != "/" and self.overlay.holds_all_of(split_path(path)[0])):
+            if self.overlay.hides(path):
                 raise NotFound(path)
             entry = self.metadata.get(path)
         if entry is None and path != "/":
             parent, name = split_path(path)
+            if self.overlay.holds_all_of(parent):
+                raise NotFound(path)
             listing = self.listing.get(parent)
-            making = self._missed_in.get(parent)
-            if making is None:
-                making = self._making_names_until > time.monotonic()
-            if (listing is None and making and self.listing.enabled
+            if (listing is None and self._making_names_until > time.monotonic()
+                    and not self._unlistable.get(parent) and self.listing.enabled
                     and self.backend.lists_everything(parent)):
                 listing = await self._small_listing(parent)
             if listing is not None:
@@ -205,7 +202,6 @@ class Catalog:
             except NotFound:
                 self.metadata.put(path, _MISSING)
                 if self.makes_names:
-                    self._missed_in.setdefault(split_path(path)[0], True)
                     self._making_names_until = time.monotonic() + self.config.listing_ttl
                 await self._share_entry(path, _MISSING)
                 raise
@@ -258,7 +254,7 @@ class Catalog:
         except RucioFsError:
             small = False
         if not small:
-            self._missed_in[path] = False
+            self._unlistable[path] = True
             return None
         listing = Listing(entries)
         self._finish_listing(path, listing)
@@ -510,7 +506,7 @@ class Catalog:
         for layer in layers:
             if layer in ("metadata", "listing"):
                 getattr(self, layer).drop()
-                self._missed_in.clear()
+                self._unlistable.clear()
                 self._making_names_until = 0.0
                 if layer == "metadata":
                     self.xattr_cache.drop()

@@ -141,11 +141,11 @@ class DiskCache:
         self._forget(self.digest(key), unlink=True)
 
     def drop(self) -> None:
-        with self._lock:
-            for digest, size in list(self._index.items()):
+        with self._lock:  # unlinked before the bytes count as free (see _evict)
+            for digest in self._index:
                 self._file(digest).unlink(missing_ok=True)
-                del self._index[digest]
-                self._bytes -= size
+            self._bytes -= sum(self._index.values())
+            self._index.clear()
         self._counters["drops"] += 1
 
     # -- blocking parts (worker threads) ------------------------------------------------------

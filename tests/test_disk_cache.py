@@ -1,14 +1,18 @@
 """The disk layer through real mounts of the demo catalog: its size limit, reuse across
-remounts, and detection of damaged blocks."""
+remounts, and detection of damaged blocks; in-process, the limit under concurrent writers."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from pathlib import Path
 
 from conftest import run_cli
 from rucio_fs.backends.demo.content import big_file_range
+
+from rucio_fs.disk_cache import HEADER, DiskCache
+from rucio_fs.stats import Stats
 
 BIG = "big/frame-4509715660.gwf"
 MiB = 1 << 20
@@ -113,11 +117,6 @@ def test_drop_empties_the_disk_layer_and_cold_turns_it_off(mount_fs, tmp_path):
 def test_an_evicted_block_is_gone_from_disk_before_its_space_is_reused(tmp_path, monkeypatch):
     """The limit holds on disk at every instant, not only in the cache's own count: while one
     writer is still removing the block it evicted, another writer must not fill that space."""
-    import threading
-
-    from rucio_fs.disk_cache import HEADER, DiskCache
-    from rucio_fs.stats import Stats
-
     block = HEADER.size + MiB
     cache = DiskCache(str(tmp_path), 2 * block, "test://", Stats(), free_floor=0,
                       block_size=MiB)

@@ -15,6 +15,7 @@ import pytest
 from conftest import journal_records, run_cli, staged_bytes, wait_for
 from fault_proxy import fault_proxy
 from odd_names import check_round_trip
+from rucio_fs.backends.s3.backend import STAT_KEYS
 
 MiB = 1 << 20
 
@@ -185,8 +186,6 @@ def test_stat_by_one_listing_with_many_siblings_before_the_directory(mount_fs, s
     """A lookup lists the keys starting with the name: the object of that key is the file,
     the prefix ``name/`` the directory (which wins). Siblings that sort between the two
     (``k-000`` … more than one page of the stat's LIST) must not hide either."""
-    from rucio_fs.backends.s3.backend import STAT_KEYS
-
     prefix = unique("stat")
     client = s3_server.client(s3_server.moto)
     keys = {"k": b"object k", "k/child": b"child", "f": b"file f", "f.txt": b"t"}

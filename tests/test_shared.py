@@ -33,6 +33,7 @@ from rucio_fs.backend import Entry, Kind
 from rucio_fs.catalog import Catalog
 from rucio_fs.config import MountConfig
 from rucio_fs.errors import InvalidInput
+from rucio_fs.redis_client import Redis, RedisAddress
 from rucio_fs.shared import FORMAT, _dumps, _loads, decode_chunk, encode_chunk
 from rucio_fs.stats import Stats
 
@@ -270,8 +271,6 @@ def test_an_unusable_redis_costs_at_most_its_timeout_once(where, silent_server):
 def test_a_large_send_to_a_redis_that_keeps_reading_is_not_silence():
     """A listing's chunks (megabytes) to a Redis that reads steadily but slowly (a loaded
     node): the send takes far longer than the timeout, yet Redis was never silent."""
-    from rucio_fs.redis_client import Redis, RedisAddress
-
     value = os.urandom(8 << 20)
     command = b"".join([b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n",
                         f"${len(value)}\r\n".encode(), value, b"\r\n"])
