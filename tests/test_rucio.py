@@ -116,7 +116,9 @@ def test_twenty_concurrent_cold_ls_make_one_content_request(mount_fs, rucio_serv
 
 
 def test_concurrent_first_reads_share_replica_requests(mount_fs, rucio_server):
-    m = mount_fs("rucio:///bench")
+    # Group commit alone: no guessed reads, no sibling batches (tested in
+    # test_rucio_first_byte.py).
+    m = mount_fs("rucio:///bench?speculate=off&replica_batch=0")
     files = rucio_server.catalog["ds5000"][:60]
     os.listdir(m.path / "ds5000")
     results: dict[str, str] = {}

@@ -30,9 +30,10 @@ says. Settings: :mod:`.settings`; tokens: :mod:`.auth`.
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 from urllib.parse import quote
@@ -48,16 +49,33 @@ from rucio_fs.errors import (
     RucioFsError,
     Unavailable,
 )
-from rucio_fs.http import ApiClient, RangeReader, quote_path, tls_context, url_from_literal
+from rucio_fs.http import (
+    ApiClient,
+    RangeReader,
+    RetryPolicy,
+    quote_path,
+    tls_context,
+    url_from_literal,
+)
 from rucio_fs.tasks import open_nursery
 
 from .auth import RucioAuth, describe
-from .settings import RucioSettings, load_settings
+from .settings import MAX_DIDS_PER_REQUEST, RucioSettings, load_settings
+from .speculation import Speculator, checksums_match
 
-#: DIDs per ``POST /replicas/list`` (the server refuses more).
-MAX_DIDS_PER_REQUEST = 1000
+__all__ = ["MAX_DIDS_PER_REQUEST", "Did", "ReplicaResolver", "RucioBackend"]
+
+log = logging.getLogger(__name__)
+
 #: Resolved replicas are reused this long by later opens of the same file.
 REPLICA_TTL = 600.0
+#: Siblings resolved with the second cache miss in a dataset; each later miss there takes
+#: four times more, up to ``replica_batch``. One ``POST /replicas/list`` costs 60-90 ms plus
+#: 1.35 ms per DID on the test server: 16 DIDs cost about as much as one, so the second file
+#: read from a dataset already pays for the next 16 (docs/backends/rucio.md, measured).
+FIRST_SIBLING_BATCH = 16
+#: Most file names of one collection remembered from its listing, for sibling batches.
+MAX_SIBLINGS = 100_000
 
 _ESCAPES = {"%": "%25", "/": "%2F", ":": "%3A"}
 _ESCAPE_TABLE = str.maketrans(_ESCAPES)
@@ -106,6 +124,10 @@ class _Slot:
     done: trio.Event = field(default_factory=trio.Event)
     replicas: list[Replica] = field(default_factory=list)
     error: RucioFsError | None = None
+    #: Callers waiting for it; a slot nobody waits for any more leaves the queue, unless it
+    #: was asked for as a companion (resolved for later opens, see ``resolve``).
+    waiters: int = 0
+    companion: bool = False
 
     def result(self) -> list[Replica]:
         if self.error is not None:
@@ -118,15 +140,21 @@ class ReplicaResolver:
 
     The first caller sends its DID at once; DIDs asked for while that request runs wait and
     go together in the next one (up to :data:`MAX_DIDS_PER_REQUEST`). So a lone ``cat`` pays
-    one request and a hundred concurrent opens pay a handful.
+    one request and a hundred concurrent opens pay a handful. Every answer is shown to
+    ``observe`` (the speculator learns RSE layouts from it).
     """
 
-    def __init__(self, api: ApiClient, settings: RucioSettings) -> None:
+    def __init__(self, api: ApiClient, settings: RucioSettings,
+                 observe: Callable[[Did, Mapping[str, Mapping[str, Any]]], None] | None = None
+                 ) -> None:
         self.api = api
         self.settings = settings
+        self.observe = observe
         self.requests = 0
         self.dids = 0
         self._pending: dict[Did, _Slot] = {}
+        #: DIDs of the request under way: a caller asking for one waits for that answer.
+        self._inflight: dict[Did, _Slot] = {}
         self._busy: trio.Event | None = None
         self._cache: TTLCache[Did, list[Replica]] = TTLCache(100_000, REPLICA_TTL)
         self.caching = True
@@ -134,7 +162,14 @@ class ReplicaResolver:
         self.shared: SharedValues | None = None
         self.shared_hits = 0
 
-    async def resolve(self, did: Did) -> list[Replica]:
+    def known(self, did: Did) -> bool:
+        """Whether ``did``'s replicas are cached or on their way."""
+        return (did in self._pending or did in self._inflight
+                or (self.caching and did in self._cache))
+
+    async def resolve(self, did: Did, companions: Iterable[Did] = ()) -> list[Replica]:
+        """``did``'s replicas, best first. ``companions`` go in the same request without
+        being waited for: their answers are cached for the opens expected next."""
         cached = self._cache.get(did) if self.caching else None
         if cached is not None:
             return cached
@@ -146,17 +181,29 @@ class ReplicaResolver:
                 if self.caching:
                     self._cache[did] = replicas
                 return replicas
-        slot = self._pending.setdefault(did, _Slot())
-        while not slot.done.is_set():
-            if self._busy is None:
-                self._busy = trio.Event()
-                try:
-                    await self._run_batch(did)
-                finally:
-                    busy, self._busy = self._busy, None
-                    busy.set()
-            else:
-                await self._busy.wait()
+        slot = self._inflight.get(did) or self._pending.setdefault(did, _Slot())
+        slot.waiters += 1
+        if self.caching:
+            for other in companions:
+                if not self.known(other):
+                    self._pending[other] = _Slot(companion=True)
+        try:
+            while not slot.done.is_set():
+                if self._busy is None:
+                    self._busy = trio.Event()
+                    self._pending.setdefault(did, slot)  # a withdrawn request's DID
+                    try:
+                        await self._run_batch(did)
+                    finally:
+                        busy, self._busy = self._busy, None
+                        busy.set()
+                else:
+                    await self._busy.wait()
+        finally:
+            slot.waiters -= 1
+            if (not slot.done.is_set() and not slot.waiters and not slot.companion
+                    and self._pending.get(did) is slot):
+                del self._pending[did]  # its caller went away (e.g. a guessed read won)
         return slot.result()
 
     def forget(self, did: Did) -> None:
@@ -172,6 +219,15 @@ class ReplicaResolver:
             batch[did] = self._pending.pop(did)
         self.requests += 1
         self.dids += len(batch)
+        self._inflight.update(batch)
+        try:
+            await self._send_batch(first, batch)
+        finally:
+            for did, slot in batch.items():
+                if self._inflight.get(did) is slot:
+                    del self._inflight[did]
+
+    async def _send_batch(self, first: Did, batch: dict[Did, _Slot]) -> None:
         body: dict[str, Any] = {"dids": [{"scope": d.scope, "name": d.name} for d in batch],
                                 "schemes": list(self.settings.schemes), "all_states": False}
         shareable: dict[str, Any] = {}
@@ -182,6 +238,8 @@ class ReplicaResolver:
                 slot = batch.get(did)
                 if slot is not None and not slot.done.is_set():
                     pfns = line.get("pfns") or {}
+                    if self.observe is not None:
+                        self.observe(did, pfns)
                     slot.replicas = self._order(pfns)
                     if self.caching:
                         self._cache[did] = slot.replicas
@@ -194,9 +252,10 @@ class ReplicaResolver:
         except RucioFsError as exc:
             failure: RucioFsError | None = exc
         except trio.Cancelled:
-            # Our caller went away: its DIDs go to whoever leads the next batch.
+            # Our caller went away: the DIDs others still wait for (or that were asked for
+            # as companions) go to whoever leads the next batch.
             for did, slot in batch.items():
-                if not slot.done.is_set():
+                if not slot.done.is_set() and (slot.waiters > (did == first) or slot.companion):
                     self._pending.setdefault(did, slot)
             raise
         else:
@@ -241,11 +300,38 @@ def _readable_url(pfn: str, settings: RucioSettings) -> tuple[str, bool]:
     return url_from_literal(pfn), False
 
 
+class _Siblings:
+    """The files of one collection in listing order, and where each stands in it."""
+
+    __slots__ = ("files", "index")
+
+    def __init__(self, files: list[Did]) -> None:
+        self.files = files
+        self.index = {did: i for i, did in enumerate(files)}
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def around(self, did: Did) -> Iterable[Did]:
+        """Every file, starting with those listed after ``did`` (then those before)."""
+        start = self.index.get(did, -1) + 1
+        return itertools.chain(self.files[start:], self.files[:start])
+
+
 @dataclass
 class _Handle:
     did: Did
+    entry: Entry
+    #: The collection the file was opened in (None: opened by its scope path).
+    parent: Did | None = None
     replicas: list[Replica] | None = None
     preferred: int = 0
+    #: Whether the first read may still be guessed (see :mod:`.speculation`).
+    guessable: bool = False
+    #: The whole file, as a guessed read found and verified it (served, then let go).
+    content: bytes | memoryview | None = None
+    #: An RSE whose copy just failed verification: its replica is tried last.
+    distrusted: str = ""
 
 
 class RucioBackend(Backend):
@@ -262,9 +348,19 @@ class RucioBackend(Backend):
                              auth=self.auth, describe=describe,
                              headers={"Accept": "application/x-json-stream, application/json"})
         self.reader = RangeReader(context=context, timeout=settings.timeout)
-        self.resolver = ReplicaResolver(self.api, settings)
+        #: Guessed reads are tried once: a miss costs the replica lookup, not retries.
+        self.guess_reader = RangeReader(context=context, timeout=settings.timeout,
+                                        retry=RetryPolicy(attempts=1), threads=4)
+        self.speculator = Speculator(self.api, settings)
+        self.resolver = ReplicaResolver(
+            self.api, settings, lambda did, pfns: self.speculator.observe(*did, pfns))
         #: (parent, child) attachments already checked (see :meth:`_check_members`).
         self._members: TTLCache[tuple[Did, Did], bool] = TTLCache(200_000, REPLICA_TTL)
+        #: Files of each collection in listing order, as this mount last listed them.
+        self._siblings: TTLCache[Did, _Siblings] = TTLCache(
+            2_000_000, REPLICA_TTL, getsizeof=len)
+        #: Replica lookups that missed the cache, per collection (sets the next batch).
+        self._misses: TTLCache[Did, int] = TTLCache(10_000, REPLICA_TTL)
         self._caching = True
 
     @classmethod
@@ -273,10 +369,12 @@ class RucioBackend(Backend):
 
     async def start(self) -> None:
         await self.auth.headers()  # a bad password fails the mount, not the first ls
+        await self.speculator.start()
 
     async def aclose(self) -> None:
         await self.api.aclose()
         self.reader.close()
+        self.guess_reader.close()
 
     # -- paths and entries -------------------------------------------------------------------
 
@@ -379,11 +477,16 @@ class RucioBackend(Backend):
         # A scope's listing carries no checksums: its files' come from bulk metadata (one
         # request per MAX_DIDS_PER_REQUEST files), so they are verified like any other.
         unsummed: list[tuple[Did, dict[str, Any]]] = []
+        files: list[Did] | None = [] if len(components) > 1 and self._caching else None
         async for info in self.api.ndjson("GET", request, what=what):
             child = Did(str(info.get("scope") or parent_scope), str(info.get("name", "")))
             if not child.name:
                 continue
             is_file = str(info.get("type") or info.get("did_type") or "").upper() == "FILE"
+            if is_file and files is not None:
+                files.append(child)
+                if len(files) > MAX_SIBLINGS:
+                    files = None
             if is_file and not (info.get("adler32") or info.get("md5")):
                 unsummed.append((child, dict(info)))
                 if len(unsummed) >= MAX_DIDS_PER_REQUEST:
@@ -395,6 +498,8 @@ class RucioBackend(Backend):
         if unsummed:
             for entry in await self._with_checksums(unsummed, parent_scope):
                 yield entry
+        if files:
+            self._siblings[self._did(components)] = _Siblings(files)
 
     async def _with_checksums(self, files: list[tuple[Did, dict[str, Any]]],
                               parent_scope: str) -> list[Entry]:
@@ -414,6 +519,8 @@ class RucioBackend(Backend):
 
     def use_caches(self, enabled: bool) -> None:
         self.resolver.caching = self._caching = enabled
+        if not enabled:
+            self.speculator.forget()
 
     def use_shared_values(self, values: SharedValues) -> None:
         """Resolved replica locations (the PFNs and their RSEs, as the catalog listed them;
@@ -424,11 +531,14 @@ class RucioBackend(Backend):
     def use_data_proxy(self, url: str) -> None:
         """Replica URLs name the file, not the reader: a proxy may cache them (``local=``
         replicas are read from the local file system, never through it)."""
-        self.reader.via = url
+        self.reader.via = self.guess_reader.via = url
 
     def drop_caches(self) -> None:
         self.resolver.clear()
         self._members.clear()
+        self._siblings.clear()
+        self._misses.clear()
+        self.speculator.forget()
 
     def lists_everything(self, path: str) -> bool:
         return len(self._components(path)) != 1  # a scope lists only its top-level DIDs
@@ -436,11 +546,21 @@ class RucioBackend(Backend):
     async def open(self, path: str, entry: Entry) -> _Handle:
         # Replicas are resolved by the first read that misses the data cache: a warm cat
         # costs no request at all.
-        return _Handle(self._did(self._components(path)))
+        dids = self._dids(self._components(path))
+        return _Handle(dids[-1], entry, dids[-2] if len(dids) > 1 else None,
+                       guessable=self.speculator.applies(entry))
 
-    async def read(self, handle: _Handle, offset: int, size: int) -> bytes:
+    async def read(self, handle: _Handle, offset: int, size: int) -> bytes | memoryview:
+        if handle.content is None and handle.guessable and handle.replicas is None:
+            handle.guessable = False
+            handle.content = await self._first_read(handle)
+        if handle.content is not None:
+            data = handle.content[offset:offset + size]
+            if offset + size >= len(handle.content):
+                handle.content = None  # read through: a later read asks the replicas
+            return data
         if handle.replicas is None:
-            handle.replicas = await self.resolver.resolve(handle.did)
+            handle.replicas = self._ordered(handle, await self._resolve(handle))
         replicas = handle.replicas
         if not replicas:
             handle.replicas = None
@@ -469,6 +589,101 @@ class RucioBackend(Backend):
         error = IntegrityError if short else Unavailable
         raise error(f"{handle.did}: no readable replica ({'; '.join(failures) or 'none'})")
 
+    async def _first_read(self, handle: _Handle) -> bytes | memoryview | None:
+        """The whole file read from its guessed PFN while the replica lookup runs (started
+        after ``speculate_hedge`` of silence, or at once when the guess misses): the verified
+        bytes, or None with ``handle.replicas`` set by the lookup. A lookup that fails
+        leaves the guess to answer; if both fail, the lookup's error is raised."""
+        guess = await self.speculator.guess(handle.did.scope, handle.did.name)
+        if guess is None:
+            return None
+        rse, pfn = guess
+        url, _ = _readable_url(pfn, self.settings)
+        counters = self.speculator.counters
+        counters["speculative_reads"] += 1
+        found: list[bytes | memoryview] = []
+        failures: list[RucioFsError] = []
+        hedge = trio.CancelScope()
+
+        async def lookup() -> None:
+            try:
+                handle.replicas = self._ordered(handle, await self._resolve(handle))
+            except RucioFsError as exc:
+                failures.append(exc)
+                return  # the guess may still answer
+            nursery.cancel_scope.cancel()
+
+        def start_lookup() -> None:
+            if not hedge.cancel_called:
+                hedge.cancel()
+                nursery.start_soon(lookup)
+
+        async def guessed_read() -> None:
+            try:
+                data = await self.guess_reader.read(url, 0, handle.entry.size)
+            except RucioFsError as exc:
+                counters["speculative_misses"] += 1
+                log.debug("%s: not at its computed PFN on %s (%s)", handle.did, rse, exc)
+            else:
+                if checksums_match(data, handle.entry):
+                    counters["speculative_hits"] += 1
+                    found.append(data)
+                    nursery.cancel_scope.cancel()
+                    return
+                if len(data) < handle.entry.size:
+                    counters["speculative_misses"] += 1
+                else:
+                    counters["speculative_mismatches"] += 1
+                    handle.distrusted = rse
+                    log.warning("%s: the copy at its computed PFN on %s does not match the "
+                                "catalog's checksums: asking the replica catalog", handle.did,
+                                rse)
+            start_lookup()
+
+        async def hedge_timer() -> None:
+            with hedge:
+                await trio.sleep(self.settings.speculate_hedge)
+                counters["speculative_hedged"] += 1
+            start_lookup()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(guessed_read)
+            nursery.start_soon(hedge_timer)
+        if found:
+            return found[0]
+        if handle.replicas is None:
+            raise failures[0]
+        return None
+
+    async def _resolve(self, handle: _Handle) -> list[Replica]:
+        """The replicas of ``handle``'s file, with siblings resolved in the same request once
+        its collection's files are being read one after another."""
+        return await self.resolver.resolve(handle.did, self._companions(handle))
+
+    def _companions(self, handle: _Handle) -> list[Did]:
+        """The siblings to resolve with ``handle``'s file: none on the first replica lookup in
+        its collection, then :data:`FIRST_SIBLING_BATCH`, four times more each lookup after,
+        up to ``replica_batch`` — the files listed after it first, then those before."""
+        parent = handle.parent
+        if (parent is None or not self._caching or not self.settings.replica_batch
+                or self.resolver.known(handle.did)):
+            return []
+        misses = self._misses.get(parent, 0)
+        self._misses[parent] = misses + 1
+        siblings = self._siblings.get(parent)
+        if not misses or siblings is None:
+            return []
+        want = min(self.settings.replica_batch, FIRST_SIBLING_BATCH * 4 ** (misses - 1))
+        return list(itertools.islice(
+            (did for did in siblings.around(handle.did)
+             if did != handle.did and not self.resolver.known(did)), want))
+
+    def _ordered(self, handle: _Handle, replicas: list[Replica]) -> list[Replica]:
+        """``replicas`` with those on an RSE whose copy just failed verification last."""
+        if not handle.distrusted:
+            return replicas
+        return sorted(replicas, key=lambda r: r.rse == handle.distrusted)
+
     async def xattrs(self, path: str, entry: Entry) -> Mapping[str, bytes]:
         components = self._components(path)
         if len(components) < 2:
@@ -496,6 +711,7 @@ class RucioBackend(Backend):
         return {
             **{f"api_{k}": v for k, v in self.api.counters.items()},
             **{f"storage_{k}": v for k, v in self.reader.counters.items()},
+            **self.speculator.counters,
             "replica_requests": self.resolver.requests,
             "replica_shared_hits": self.resolver.shared_hits,
             "replica_dids": self.resolver.dids,

@@ -17,6 +17,13 @@ URL options: ``config`` (a rucio.cfg path), ``auth`` (userpass, x509, x509_proxy
 (RSEs in order of preference), ``local`` (``PFN-prefix=directory``: read PFNs under the prefix
 from a local mount of that RSE), ``redirect`` (``PFN-prefix=URL-prefix``: read them through
 another endpoint, e.g. a caching proxy), ``timeout`` (per request stall limit, default 30 s).
+
+First reads (see :mod:`.speculation`): ``speculate`` (``auto``, ``off`` or RSEs to read small
+files from at their computed PFN before the replica catalog answers), ``speculate_max``
+(largest file guessed, default 1 MiB), ``speculate_hedge`` (how long a guess runs alone
+before the replica lookup is sent beside it, default 50 ms), ``replica_batch`` (most
+siblings resolved with a file once its dataset's files are being read one after another,
+default 256; 0: none).
 """
 
 from __future__ import annotations
@@ -27,11 +34,14 @@ from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
 from rucio_fs.errors import InvalidInput
-from rucio_fs.options import parse_duration, url_option_values
+from rucio_fs.options import parse_duration, parse_size, url_option_values
 
 AUTH_TYPES = ("userpass", "x509", "x509_proxy", "token")
 READABLE_SCHEMES = ("https", "davs", "http", "dav", "file")
-OPTIONS = ("config", "auth", "api", "schemes", "rses", "local", "redirect", "timeout")
+#: DIDs per ``POST /replicas/list`` (the server refuses more).
+MAX_DIDS_PER_REQUEST = 1000
+OPTIONS = ("config", "auth", "api", "schemes", "rses", "local", "redirect", "timeout",
+           "speculate", "speculate_max", "speculate_hedge", "replica_batch")
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,10 @@ class RucioSettings:
     local: tuple[tuple[str, str], ...] = ()
     redirect: tuple[tuple[str, str], ...] = ()
     timeout: float = 30.0
+    speculate: tuple[str, ...] = ("auto",)
+    speculate_max: int = 1 << 20
+    speculate_hedge: float = 0.05
+    replica_batch: int = 256
 
 
 def find_config(explicit: str | None) -> str | None:
@@ -157,6 +171,19 @@ def load_settings(url: str) -> RucioSettings:
         raise InvalidInput(f"rucio option: {exc}") from None
     if timeout <= 0:
         raise InvalidInput("rucio option timeout must be positive")
+    speculate = tuple(r for r in (option("speculate") or "auto").split(",") if r)
+    if not speculate or (len(speculate) > 1 and {"auto", "off"} & set(speculate)):
+        raise InvalidInput("rucio option speculate must be auto, off or a list of RSEs")
+    try:
+        speculate_max = parse_size(option("speculate_max") or "1M")
+        hedge = parse_duration(option("speculate_hedge") or "50ms")
+        replica_batch = int(option("replica_batch") or "256")
+    except ValueError:
+        raise InvalidInput("rucio option replica_batch must be a whole number") from None
+    except InvalidInput as exc:
+        raise InvalidInput(f"rucio option: {exc}") from None
+    if not 0 <= replica_batch <= MAX_DIDS_PER_REQUEST:
+        raise InvalidInput(f"rucio option replica_batch must be 0 to {MAX_DIDS_PER_REQUEST}")
 
     settings = RucioSettings(
         rucio_host=rucio_host.rstrip("/"), auth_host=auth_host.rstrip("/"), account=account,
@@ -170,7 +197,8 @@ def load_settings(url: str) -> RucioSettings:
         ca_cert=pick("X509_CERT_DIR", "ca_cert"),
         root=tuple(p for p in unquote(parts.path).split("/") if p),
         schemes=schemes, rses=tuple(r for r in (option("rses") or "").split(",") if r),
-        local=tuple(local), redirect=tuple(redirect), timeout=timeout)
+        local=tuple(local), redirect=tuple(redirect), timeout=timeout, speculate=speculate,
+        speculate_max=speculate_max, speculate_hedge=hedge, replica_batch=replica_batch)
     _check_credentials(settings)
     return settings
 

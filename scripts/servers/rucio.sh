@@ -186,7 +186,7 @@ USER_DN=/CN=rucio-fs-test-user
 ENV
 # A fresh catalog needs fresh storage (rucio upload skips a file it finds already there); the
 # 4.2 GB file is kept, it is the same bytes every time.
-find "$BASE/webdav/rucio" -type f ! -name 'frame-4509715660.gwf' -delete
+find "$BASE/webdav" -type f ! -name 'frame-4509715660.gwf' -delete
 X509_USER_PROXY=$BASE/x509up.pem "$VENV/bin/python" "$here/rucio_populate.py" "$BASE" \
   --dav-http "$DAV_HTTP" --dav-https "$DAV_HTTPS" --rucio "$VENV/bin/rucio" \
   --big-writer "$repo/.venv/bin/python" $( ((bench)) && echo --bench )

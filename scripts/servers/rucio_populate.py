@@ -38,13 +38,13 @@ BATCH = 500  # SQLite rejects add_replicas of 999 or more files
 BIG_SIZE = 4_509_715_660
 
 
-def pfn_path(base: str, scope: str, name: str) -> str:
+def pfn_path(base: str, scope: str, name: str, prefix: str = "rucio") -> str:
     digest = hashlib.md5(f"{scope}:{name}".encode()).hexdigest()
-    return f"{base}/webdav/rucio/{scope}/{digest[0:2]}/{digest[2:4]}/{name}"
+    return f"{base}/webdav/{prefix}/{scope}/{digest[0:2]}/{digest[2:4]}/{name}"
 
 
-def put_file(base: str, scope: str, name: str, data: bytes) -> dict:
-    path = pfn_path(base, scope, name)
+def put_file(base: str, scope: str, name: str, data: bytes, prefix: str = "rucio") -> dict:
+    path = pfn_path(base, scope, name, prefix)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
@@ -88,6 +88,60 @@ def long_names(client: Client, base: str) -> list[dict]:
              for i, name in enumerate(LONG_NAMES)]
     add_replicas(client, "DAV", files)
     make_dataset(client, "bench", "longnames", files)
+    return files
+
+
+def add_storage(client: Client, rse: str, prefix: str, http: int, https: int,
+                deterministic: bool = True) -> None:
+    """An RSE on the test nginx under ``/<prefix>/`` (https preferred, as for DAV)."""
+    client.add_rse(rse, deterministic=deterministic)
+    for scheme, port, priority in (("https", https, 1), ("http", http, 2)):
+        domains = {"lan": {"read": priority, "write": priority, "delete": priority},
+                   "wan": {"read": priority, "write": priority, "delete": priority,
+                           "third_party_copy_read": priority,
+                           "third_party_copy_write": priority}}
+        client.add_protocol(rse, {"scheme": scheme, "hostname": "127.0.0.1", "port": port,
+                                  "prefix": f"/{prefix}/",
+                                  "impl": "rucio.rse.protocols.webdav.NoRename",
+                                  "domains": domains})
+    client.set_local_account_limit("root", rse, -1)
+
+
+def first_reads(client: Client, base: str, http: int, https: int) -> list[dict]:
+    """Dataset ``bench:guess``: files whose copy at the computed PFN is missing, damaged, or
+    on an RSE without a computed layout (a second deterministic RSE DAV2 under /rucio2/, and
+    NONDET under /nondet/, whose PFNs were chosen at registration)."""
+    add_storage(client, "DAV2", "rucio2", http, https)
+    add_storage(client, "NONDET", "nondet", http, https, deterministic=False)
+    rng = __import__("random").Random("guess")
+
+    def damaged(info: dict) -> None:
+        path = pfn_path(base, "bench", info["name"])
+        with open(path, "r+b") as f:
+            f.write(b"\0" * 16)  # same size, other bytes
+
+    both = {name: rng.randbytes(SMALL) for name in ("moved.dat", "corrupt.dat")}
+    moved, corrupt = (put_file(base, "bench", name, data, prefix="rucio2")
+                      for name, data in both.items())
+    for name, data in both.items():
+        put_file(base, "bench", name, data)
+    os.unlink(pfn_path(base, "bench", "moved.dat"))  # registered on DAV, gone from it
+    damaged(corrupt)
+    bad = put_file(base, "bench", "bad.dat", rng.randbytes(SMALL))
+    damaged(bad)
+    add_replicas(client, "DAV", [moved, corrupt, bad])
+    add_replicas(client, "DAV2", [moved, corrupt])
+    data = rng.randbytes(SMALL)
+    path = "nondet/chosen/at/registration/nondet.dat"
+    os.makedirs(os.path.dirname(f"{base}/webdav/{path}"), exist_ok=True)
+    with open(f"{base}/webdav/{path}", "wb") as f:
+        f.write(data)
+    # A decoy where a hash layout would put it on NONDET: never read, never served.
+    nondet = dict(put_file(base, "bench", "nondet.dat", b"decoy" + data[5:], prefix="nondet"),
+                  adler32=f"{zlib.adler32(data):08x}", md5=hashlib.md5(data).hexdigest())
+    add_replicas(client, "NONDET", [dict(nondet, pfn=f"https://127.0.0.1:{https}/{path}")])
+    files = [moved, corrupt, bad, nondet]
+    make_dataset(client, "bench", "guess", files)
     return files
 
 
@@ -212,6 +266,8 @@ def main() -> None:
                             "md5": hashlib.md5(data).hexdigest()}]
     client.set_metadata("bench", "ds500", "project", "rucio-fs-tests")
     lap("faults, loose file, upload")
+    catalog["guess"] = first_reads(client, base, args.dav_http, args.dav_https)
+    lap("first reads")
 
     with open(os.path.join(base, "catalog.json"), "w") as f:
         json.dump(catalog, f)

@@ -1,0 +1,211 @@
+"""Which RSE a small file is guessed on, and whether the guessed bytes are the file.
+
+A file's first read usually waits for ``POST /replicas/list`` (65-115 ms on the test
+server, the largest part of a cold ``cat``). On a deterministic RSE the PFN follows from the
+DID (:mod:`.layout`), so the read can start at once; the bytes found there are served only
+when they match every checksum the catalog listed for the file — the checksums prove the
+bytes, whatever the replica's state. Anything else (a 404, fewer bytes, other bytes, an
+error) is a miss, and the read goes the replica catalog's way as before.
+
+Which RSEs are guessed (``?speculate=``):
+
+* ``auto`` (the default): the RSEs of ``?rses=`` in order, then RSEs this mount has seen the
+  catalog place files on *at the computed PFN* (confirmed, most often first). A fresh mount
+  without ``rses`` guesses nothing until the first replica answer.
+* ``RSE[,RSE...]``: only those, in order (an unknown name fails the mount).
+* ``off``: never.
+
+Only the first RSE that gives a PFN is guessed (one GET per file). An RSE is never guessed
+when its description refuses (non-deterministic, tape, signed URLs, unknown algorithm), nor
+after the catalog listed a PFN on it that differs from the computed one (its layout is not
+the one computed here: counted, logged once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import zlib
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+import trio
+from cachetools import TTLCache
+
+from rucio_fs.backend import Entry
+from rucio_fs.errors import InvalidInput, NotFound, RucioFsError
+from rucio_fs.http import ApiClient
+
+from .layout import RseDescription
+from .settings import RucioSettings
+
+log = logging.getLogger(__name__)
+
+#: How long an RSE's description is used before it is asked again.
+DESCRIPTION_TTL = 3600.0
+#: How long an RSE whose description could not be fetched is not asked again.
+DESCRIPTION_RETRY = 60.0
+#: Catalog PFNs remembered per RSE not described yet (checked once it is).
+SAMPLES_PER_RSE = 4
+
+
+def checksums_match(data: bytes | memoryview, entry: Entry) -> bool:
+    """Whether ``data`` is the file ``entry`` describes: its size and every checksum the
+    catalog gave (adler32, md5). False when the catalog gave none: nothing proves it."""
+    if len(data) != entry.size or not entry.checksums:
+        return False
+    for algo, expected in entry.checksums.items():
+        if algo == "adler32":
+            actual = f"{zlib.adler32(data):08x}"
+            expected = expected.lower().rjust(8, "0")
+        elif algo == "md5":
+            actual = hashlib.md5(data).hexdigest()
+        else:
+            continue
+        if actual != expected.lower():
+            return False
+    return any(algo in ("adler32", "md5") for algo in entry.checksums)
+
+
+class Speculator:
+    """The RSEs a mount may guess on, their descriptions, and what it learned of them."""
+
+    def __init__(self, api: ApiClient, settings: RucioSettings) -> None:
+        self.api = api
+        self.settings = settings
+        self.counters: Counter[str] = Counter()
+        self._descriptions: TTLCache[str, RseDescription] = TTLCache(1000, DESCRIPTION_TTL)
+        self._unreachable: TTLCache[str, bool] = TTLCache(1000, DESCRIPTION_RETRY)
+        self._describing: dict[str, trio.Event] = {}
+        #: RSEs whose catalog PFNs matched the computed ones, with how often.
+        self._confirmed: Counter[str] = Counter()
+        #: RSEs whose catalog PFNs did not: never guessed again on this mount.
+        self._rejected: set[str] = set()
+        self._samples: dict[str, list[tuple[str, str, str]]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.speculate != ("off",)
+
+    @property
+    def explicit(self) -> bool:
+        return self.settings.speculate not in (("auto",), ("off",))
+
+    async def start(self) -> None:
+        """Describe the RSEs named by the settings before the first read needs them. An
+        RSE named in ``speculate=`` that the catalog does not know fails the mount."""
+        named = self.settings.speculate if self.explicit else self.settings.rses
+        if not self.enabled:
+            return
+        for rse in named:
+            try:
+                await self._fetch(rse)
+            except NotFound:
+                if self.explicit:
+                    raise InvalidInput(f"rucio option speculate: the catalog has no RSE "
+                                       f"{rse!r}") from None
+            except RucioFsError as exc:
+                log.warning("RSE %s not described (%s): not guessed for now", rse, exc)
+
+    def applies(self, entry: Entry) -> bool:
+        """Whether a first read of ``entry`` may be guessed: small and checksummed."""
+        return (self.enabled and 0 < entry.size <= self.settings.speculate_max
+                and any(algo in entry.checksums for algo in ("adler32", "md5")))
+
+    async def guess(self, scope: str, name: str) -> tuple[str, str] | None:
+        """``(rse, pfn)`` to read ``scope:name`` from before the catalog answers, or None."""
+        for rse in await self._candidates():
+            description = await self._describe(rse)
+            if description is None or rse in self._rejected:
+                continue
+            pfn = description.pfn(scope, name, self.settings.schemes)
+            if pfn is not None:
+                return rse, pfn
+        return None
+
+    def observe(self, scope: str, name: str, pfns: Mapping[str, Mapping[str, Any]]) -> None:
+        """What the catalog said of ``scope:name``: confirms or rejects each RSE's computed
+        layout (RSEs not described yet are checked once they are)."""
+        if not self.enabled:
+            return
+        for pfn, info in pfns.items():
+            rse = str(info.get("rse", ""))
+            if not rse or rse in self._rejected:
+                continue
+            description = self._descriptions.get(rse)
+            if description is None:
+                samples = self._samples.setdefault(rse, [])
+                if len(samples) < SAMPLES_PER_RSE:
+                    samples.append((scope, name, pfn))
+                continue
+            self._check(description, scope, name, pfn)
+
+    def forget(self) -> None:
+        """Forget what was learned from the catalog (a cache drop: cold means cold). The
+        descriptions stay: they are the storage's configuration, not catalog content."""
+        self._confirmed.clear()
+        self._samples.clear()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    async def _candidates(self) -> list[str]:
+        if self.explicit:
+            return list(self.settings.speculate)
+        for rse in list(self._samples):  # RSEs the catalog named: describe and check them
+            if rse not in self._descriptions and rse not in self._unreachable:
+                await self._describe(rse)
+        preferred = [r for r in self.settings.rses if r not in self._rejected]
+        learned = [r for r, _ in self._confirmed.most_common() if r not in preferred]
+        return preferred + learned
+
+    def _check(self, description: RseDescription, scope: str, name: str, pfn: str) -> None:
+        computed = description.pfns(scope, name)
+        if not computed:
+            return
+        if pfn in computed:
+            self._confirmed[description.rse] += 1
+            return
+        self._rejected.add(description.rse)
+        self._confirmed.pop(description.rse, None)
+        self.counters["speculative_layout_rejected"] += 1
+        log.warning("RSE %s: the catalog's PFN for %s:%s is not the one computed with "
+                    "lfn2pfn %s: its files are no longer guessed", description.rse, scope,
+                    name, description.algorithm)
+
+    async def _describe(self, rse: str) -> RseDescription | None:
+        """The RSE's description, fetched once (concurrent callers wait for one request);
+        None while it cannot be had."""
+        description = self._descriptions.get(rse)
+        if description is not None or rse in self._unreachable:
+            return description
+        try:
+            return await self._fetch(rse)
+        except RucioFsError as exc:
+            log.info("RSE %s not described (%s): not guessed for %.0f s", rse, exc,
+                     DESCRIPTION_RETRY)
+            return None
+
+    async def _fetch(self, rse: str) -> RseDescription | None:
+        pending = self._describing.get(rse)
+        if pending is not None:
+            await pending.wait()
+            return self._descriptions.get(rse)
+        self._describing[rse] = trio.Event()
+        try:
+            self.counters["rse_descriptions"] += 1
+            info = await self.api.json("GET", f"/rses/{quote(rse, safe='')}",
+                                       what=f"description of RSE {rse}")
+        except RucioFsError:
+            self._unreachable[rse] = True
+            raise
+        finally:
+            self._describing.pop(rse).set()
+        description = RseDescription.parse(rse, info if isinstance(info, dict) else {})
+        self._descriptions[rse] = description
+        if description.refusal:
+            log.info("RSE %s: files are not guessed (%s)", rse, description.refusal)
+        for scope, name, pfn in self._samples.pop(rse, []):
+            self._check(description, scope, name, pfn)
+        return description

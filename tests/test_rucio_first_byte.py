@@ -1,0 +1,311 @@
+"""First reads on Rucio: guessed PFNs on deterministic RSEs, and sibling batches.
+
+The promise under test: a read that returns bytes returns the catalog's bytes. A guess is
+broken at every step — the copy missing (``moved.dat``), damaged (``corrupt.dat``,
+``bad.dat``), short (``short.dat``), its storage refusing connections (``DEAD``), the RSE
+not deterministic (``nondet.dat``, with a decoy where a hash layout would put it), the
+replica catalog failing or answering late — and the bytes are checked every time. Request
+counts come from the servers' own access logs and the mount's counters.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+from conftest import adler32, run_cli
+from rucio_fs.backends.rucio.backend import RucioBackend
+from rucio_fs.backends.rucio.layout import RseDescription, lfn2pfn_path
+
+from rucio_fs.backend import Entry, Kind
+from rucio_fs.errors import Unavailable
+
+
+def log_lines(path: str) -> list[str]:
+    return Path(path).read_text(errors="replace").splitlines()
+
+
+def nginx_log(server) -> str:
+    return str(server.base / "logs" / "nginx-access.log")
+
+
+def requests_since(path: str, start: int) -> list[str]:
+    """The request lines (``METHOD /path``) logged after line ``start``."""
+    return [line.split('"')[1].rsplit(" ", 1)[0] for line in log_lines(path)[start:]
+            if '"' in line]
+
+
+def counters(m) -> dict:
+    return m.stats()["backend_counters"]
+
+
+def by_name(server, dataset: str, name: str) -> dict:
+    return next(f for f in server.catalog[dataset] if f["name"] == name)
+
+
+def test_a_cold_cat_reads_the_computed_pfn_and_asks_no_replica_catalog(mount_fs,
+                                                                     rucio_server):
+    # A long hedge: the count does not depend on how fast a loaded machine answers.
+    m = mount_fs("rucio:///bench?rses=DAV&speculate_hedge=30s")
+    api, storage = rucio_server.env["ACCESS_LOG"], nginx_log(rucio_server)
+    api_start, storage_start = len(log_lines(api)), len(log_lines(storage))
+    f = rucio_server.catalog["ds5000"][4321]
+    data = (m.path / "ds5000" / f["name"]).read_bytes()
+    assert (len(data), adler32(data)) == (f["bytes"], f["adler32"])
+    asked = requests_since(api, api_start)
+    assert sorted(asked) == sorted(["GET /dids/bench/ds5000",
+                                    f"GET /dids/bench/{f['name']}",
+                                    f"GET /dids/bench/{f['name']}/parents"]), asked
+    got = requests_since(storage, storage_start)
+    assert got == [f"GET /rucio/{lfn2pfn_path('hash', 'bench', f['name'])}"], got
+    c = counters(m)
+    assert (c["speculative_reads"], c["speculative_hits"], c["replica_requests"]) == (1, 1, 0)
+
+
+def test_with_no_hedge_the_replica_lookup_goes_out_beside_the_guess(mount_fs, rucio_server):
+    m = mount_fs("rucio:///bench/ds1000?rses=DAV&speculate_hedge=0")
+    f = rucio_server.catalog["ds1000"][77]
+    assert adler32((m.path / f["name"]).read_bytes()) == f["adler32"]
+    c = counters(m)
+    assert c["speculative_hedged"] == 1 and c["replica_requests"] == 1
+    assert c["speculative_hits"] + c.get("speculative_misses", 0) == 1
+
+
+def test_every_broken_guess_falls_back_to_the_catalogs_bytes(mount_fs, rucio_server):
+    m = mount_fs("rucio:///bench/guess?rses=DAV&speculate_hedge=30s&timeout=2s")
+    for name in ("moved.dat", "corrupt.dat"):  # missing / damaged on DAV, good on DAV2
+        f = by_name(rucio_server, "guess", name)
+        data = (m.path / name).read_bytes()
+        assert (len(data), adler32(data)) == (f["bytes"], f["adler32"]), name
+    with pytest.raises(OSError) as exc:  # damaged on DAV, its only RSE: no bytes at all
+        (m.path / "bad.dat").read_bytes()
+    assert exc.value.errno == errno.EIO
+    c = counters(m)
+    assert c["speculative_reads"] == 3 and c.get("speculative_hits", 0) == 0
+    assert c["speculative_misses"] == 1 and c["speculative_mismatches"] == 2
+    assert c["replica_requests"] == 3
+    # corrupt.dat's damaged copy was tried last: its good one on DAV2 served the read.
+    assert "corrupt.dat: no readable replica" not in m.log_text()
+
+
+def test_short_and_unreachable_guesses_fall_back(mount_fs, rucio_server):
+    m = mount_fs("rucio:///bench/faults?speculate=DEAD&timeout=2s")
+    f = by_name(rucio_server, "faults", "fallback.dat")  # on DEAD (refuses) and on DAV
+    assert adler32((m.path / "fallback.dat").read_bytes()) == f["adler32"]
+    assert counters(m)["speculative_misses"] == 1
+    m2 = mount_fs("rucio:///bench/faults?rses=DAV&timeout=2s")
+    with pytest.raises(OSError) as exc:  # the catalog says 8 KiB, storage holds 4 KiB
+        (m2.path / "short.dat").read_bytes()
+    assert exc.value.errno == errno.EIO
+    assert counters(m2)["speculative_misses"] == 1
+
+
+@pytest.mark.parametrize("option", ["speculate=NONDET", "rses=NONDET"])
+def test_a_non_deterministic_rse_is_never_guessed(mount_fs, rucio_server, option):
+    m = mount_fs(f"rucio:///bench/guess?{option}")
+    storage = nginx_log(rucio_server)
+    start = len(log_lines(storage))
+    f = by_name(rucio_server, "guess", "nondet.dat")
+    assert adler32((m.path / "nondet.dat").read_bytes()) == f["adler32"]
+    assert counters(m).get("speculative_reads", 0) == 0
+    got = requests_since(storage, start)
+    assert got == ["GET /nondet/chosen/at/registration/nondet.dat"], got  # never the decoy
+
+
+def test_auto_learns_an_rse_from_the_catalog_and_cache_drop_forgets_it(mount_fs,
+                                                                        rucio_server):
+
+    m = mount_fs("rucio:///bench")  # no rses: nothing is guessed before the first answer
+    first, second, third = (rucio_server.catalog["ds500"][i] for i in (1, 2, 3))
+    assert adler32((m.path / "ds500" / first["name"]).read_bytes()) == first["adler32"]
+    c = counters(m)
+    assert c.get("speculative_reads", 0) == 0 and c["replica_requests"] == 1
+    assert adler32((m.path / "ds500" / second["name"]).read_bytes()) == second["adler32"]
+    c = counters(m)
+    assert (c["rse_descriptions"], c["speculative_hits"], c["replica_requests"]) == (1, 1, 1)
+    run_cli("cache", "drop", str(m.path), check=True)
+    assert adler32((m.path / "ds500" / third["name"]).read_bytes()) == third["adler32"]
+    assert counters(m)["replica_requests"] == 2  # cold means cold: learned again
+
+
+def test_an_unknown_rse_to_speculate_on_fails_the_mount(rucio_server, tmp_path):
+
+    result = run_cli("mount", "rucio:///bench?speculate=NOPE", str(tmp_path))
+    assert result.returncode != 0
+    assert result.stderr.strip().splitlines() == [
+        "rucio-fs: rucio option speculate: the catalog has no RSE 'NOPE'"]
+
+
+def test_a_loop_over_a_listed_dataset_resolves_siblings_in_growing_batches(mount_fs,
+                                                                          rucio_server):
+    m = mount_fs("rucio:///bench/ds1000?speculate=off")
+    files = rucio_server.catalog["ds1000"][:100]
+    os.listdir(m.path)
+    for f in files:
+        assert adler32((m.path / f["name"]).read_bytes()) == f["adler32"]
+    c = counters(m)
+    # 1 file, then 1+16, 1+64, 1+256: the 100 files cost 4 requests, not 100.
+    assert (c["replica_requests"], c["replica_dids"]) == (4, 1 + 17 + 65 + 257)
+
+
+def test_a_never_listed_dataset_without_guesses_resolves_file_by_file(mount_fs,
+                                                                     rucio_server):
+    m = mount_fs("rucio:///bench/ds1000?speculate=off")
+    for f in rucio_server.catalog["ds1000"][500:505]:
+        assert adler32((m.path / f["name"]).read_bytes()) == f["adler32"]
+    assert counters(m)["replica_requests"] == 5  # nothing known to batch with
+
+
+def test_a_burst_of_1000_opens_costs_batched_replica_requests(mount_fs, rucio_server):
+    m = mount_fs("rucio:///bench/ds1000?speculate=off")
+    files = rucio_server.catalog["ds1000"]
+    os.listdir(m.path)
+    bad: list[str] = []
+    work = iter(files)
+    lock = threading.Lock()
+
+    def reader() -> None:
+        while True:
+            with lock:
+                f = next(work, None)
+            if f is None:
+                return
+            if adler32((m.path / f["name"]).read_bytes()) != f["adler32"]:
+                bad.append(f["name"])
+
+    threads = [threading.Thread(target=reader) for _ in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+    c = counters(m)
+    assert c["replica_dids"] == 1000  # each file asked once, none twice
+    assert c["replica_requests"] <= 12, c["replica_requests"]
+
+
+# -- in-process: the race between a guess and the replica catalog ---------------------------
+
+class FailingCatalog:
+    """A replica catalog that answers every request with an error, after ``delay``."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.calls = 0
+
+    async def ndjson(self, method: str, path: str, *, json: dict, what: str = ""):
+        self.calls += 1
+        await trio.sleep(self.delay)
+        raise Unavailable("replica catalog down")
+        yield  # pragma: no cover - an async generator
+
+
+class SlowCatalog:
+    """Answers like Rucio, but only after ``delay``."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    async def ndjson(self, method: str, path: str, *, json: dict, what: str = ""):
+        await trio.sleep(self.delay)
+        for did in json["dids"]:
+            yield {"scope": did["scope"], "name": did["name"], "pfns": {}}
+
+
+def _backend(url: str) -> RucioBackend:
+    return RucioBackend.from_url(url)
+
+
+def _entry(f: dict) -> Entry:
+    return Entry(name=f["name"], kind=Kind.FILE, size=f["bytes"],
+                 checksums={"adler32": f["adler32"], "md5": f["md5"]}, immutable=True)
+
+
+def test_a_failing_replica_catalog_leaves_the_guess_to_answer(rucio_server):
+    good = rucio_server.catalog["ds500"][9]
+    bad = by_name(rucio_server, "guess", "bad.dat")
+    results: dict[str, object] = {}
+
+    async def main() -> None:
+        backend = _backend("rucio:///bench?rses=DAV&speculate_hedge=0")
+        await backend.start()
+        catalog = FailingCatalog()
+        backend.resolver.api = catalog  # type: ignore[assignment]
+        try:
+            handle = await backend.open(f"/ds500/{good['name']}", _entry(good))
+            results["good"] = bytes(await backend.read(handle, 0, good["bytes"]))
+            handle = await backend.open(f"/guess/{bad['name']}", _entry(bad))
+            try:
+                await backend.read(handle, 0, bad["bytes"])
+            except Unavailable as exc:
+                results["bad"] = str(exc)
+        finally:
+            await backend.aclose()
+        results["calls"] = catalog.calls
+
+    trio.run(main)
+    assert adler32(results["good"]) == good["adler32"]  # type: ignore[arg-type]
+    assert results["bad"] == "replica catalog down"
+    assert results["calls"] == 2
+
+
+def test_a_guess_that_wins_withdraws_its_replica_lookup(rucio_server):
+    f = rucio_server.catalog["ds500"][11]
+    results: dict[str, object] = {}
+
+    async def main() -> None:
+        backend = _backend("rucio:///bench?rses=DAV&speculate_hedge=0")
+        await backend.start()
+        backend.resolver.api = SlowCatalog(delay=5.0)  # type: ignore[assignment]
+        try:
+            handle = await backend.open(f"/ds500/{f['name']}", _entry(f))
+            with trio.fail_after(3):  # the guess answers; the lookup is not waited for
+                results["data"] = bytes(await backend.read(handle, 0, f["bytes"]))
+            results["pending"] = len(backend.resolver._pending)
+        finally:
+            await backend.aclose()
+
+    trio.run(main)
+    assert adler32(results["data"]) == f["adler32"]  # type: ignore[arg-type]
+    assert results["pending"] == 0  # nothing left queued for a caller that went away
+
+
+def test_the_computed_layout_is_the_servers(rucio_server):
+    """The PFNs this mount computes for DAV are the ones the catalog lists, file by file."""
+    files = rucio_server.catalog["ds500"][:50] + rucio_server.catalog["slashes"]
+    answers: dict[str, set[str]] = {}
+
+    async def main() -> None:
+        backend = _backend("rucio:///bench?rses=DAV")
+        await backend.start()
+        try:
+            body = {"dids": [{"scope": f["scope"], "name": f["name"]} for f in files],
+                    "schemes": ["https", "http"]}
+            async for line in backend.api.ndjson("POST", "/replicas/list", json=body):
+                answers[line["name"]] = {p for p, i in line["pfns"].items()
+                                         if i["rse"] == "DAV"}
+            info = await backend.api.json("GET", "/rses/DAV")
+            results.append(RseDescription.parse("DAV", info))
+        finally:
+            await backend.aclose()
+
+    results: list[RseDescription] = []
+    trio.run(main)
+    (dav,) = results
+    assert len(answers) == len(files)
+    for f in files:
+        assert dav.pfns(f["scope"], f["name"]) == answers[f["name"]], f["name"]
+
+
+def test_user_and_group_scopes_become_directories():
+    assert lfn2pfn_path("identity", "user.jdoe", "f.root") == "user/jdoe/f.root"
+    assert lfn2pfn_path("hash", "group.phys", "x").startswith("group/phys/")
+    assert lfn2pfn_path("hash", "data18", "x").count("/") == 3
+    assert lfn2pfn_path("site-policy", "data18", "x") is None
+    refused = RseDescription.parse("T", {"deterministic": True, "lfn2pfn_algorithm": "hash",
+                                         "rse_type": "TAPE", "protocols": []})
+    assert refused.refusal == "not a disk RSE" and refused.pfn("s", "n", ("https",)) is None
