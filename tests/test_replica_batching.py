@@ -73,3 +73,22 @@ def test_followers_are_served_when_the_leader_is_cancelled():
 
     trio.run(main)
     assert sorted(got) == ["http://storage/s/lead", "http://storage/s/other"]
+
+
+def test_a_did_asked_for_while_its_request_is_under_way_waits_for_that_answer():
+    catalog = ScriptedCatalog(delay=0.2)
+    resolver = ReplicaResolver(catalog, SETTINGS)  # type: ignore[arg-type]
+    got: list[str] = []
+
+    async def resolve() -> None:
+        got.append((await resolver.resolve(Did("s", "same")))[0].url)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(resolve)
+            await trio.sleep(0.05)  # the first request is under way
+            nursery.start_soon(resolve)
+
+    trio.run(main)
+    assert got == ["http://storage/s/same"] * 2
+    assert catalog.batches == [1]  # asked once, not once per caller

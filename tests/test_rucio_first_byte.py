@@ -118,7 +118,6 @@ def test_a_non_deterministic_rse_is_never_guessed(mount_fs, rucio_server, option
 
 def test_auto_learns_an_rse_from_the_catalog_and_cache_drop_forgets_it(mount_fs,
                                                                         rucio_server):
-
     m = mount_fs("rucio:///bench")  # no rses: nothing is guessed before the first answer
     first, second, third = (rucio_server.catalog["ds500"][i] for i in (1, 2, 3))
     assert adler32((m.path / "ds500" / first["name"]).read_bytes()) == first["adler32"]
@@ -133,7 +132,6 @@ def test_auto_learns_an_rse_from_the_catalog_and_cache_drop_forgets_it(mount_fs,
 
 
 def test_an_unknown_rse_to_speculate_on_fails_the_mount(rucio_server, tmp_path):
-
     result = run_cli("mount", "rucio:///bench?speculate=NOPE", str(tmp_path))
     assert result.returncode != 0
     assert result.stderr.strip().splitlines() == [
@@ -309,3 +307,29 @@ def test_user_and_group_scopes_become_directories():
     refused = RseDescription.parse("T", {"deterministic": True, "lfn2pfn_algorithm": "hash",
                                          "rse_type": "TAPE", "protocols": []})
     assert refused.refusal == "not a disk RSE" and refused.pfn("s", "n", ("https",)) is None
+
+
+def test_an_rse_whose_catalog_pfns_differ_from_the_computed_ones_is_no_longer_guessed():
+    from rucio_fs.backends.rucio.settings import RucioSettings
+    from rucio_fs.backends.rucio.speculation import Speculator
+
+    class Describer:
+        async def json(self, method: str, path: str, what: str = ""):
+            return {"deterministic": True, "lfn2pfn_algorithm": "hash", "rse_type": "DISK",
+                    "protocols": [{"scheme": "https", "hostname": "h", "port": 443,
+                                   "prefix": "/p/", "domains": {"wan": {"read": 1}}}]}
+
+    settings = RucioSettings(rucio_host="http://x", auth_host="http://x", account="a",
+                             auth_type="token", rses=("SITE",))
+    speculator = Speculator(Describer(), settings)  # type: ignore[arg-type]
+    guesses: list = []
+
+    async def main() -> None:
+        guesses.append(await speculator.guess("s", "f1"))
+        speculator.observe("s", "f1", {"https://h:443/p/s/f1": {"rse": "SITE"}})  # identity
+        guesses.append(await speculator.guess("s", "f2"))
+
+    trio.run(main)
+    assert guesses[0] == ("SITE", f"https://h:443/p/{lfn2pfn_path('hash', 's', 'f1')}")
+    assert guesses[1] is None
+    assert speculator.counters["speculative_layout_rejected"] == 1
