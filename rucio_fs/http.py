@@ -442,6 +442,30 @@ class RangeReader:
     def close(self) -> None:
         self._pool.close()
 
+    async def connect(self, url: str) -> None:
+        """Open a keep-alive connection to ``url``'s server ahead of the first read (the TCP
+        and TLS handshakes off a first byte's path). Best effort: a failure only logs."""
+        if self.via:
+            url = through_proxy(self.via, url)
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            return
+        key = (parts.scheme, parts.hostname or "", parts.port or
+               (443 if parts.scheme == "https" else 80))
+
+        def connect() -> None:
+            conn = self._pool.get(*key)
+            try:
+                if conn.sock is None:
+                    conn.connect()
+            except OSError as exc:
+                conn.close()
+                log.debug("no connection ahead to %s: %s", _redact(url), exc)
+                return
+            self._pool.put(*key, conn)
+
+        await trio.to_thread.run_sync(connect, limiter=self._limiter, abandon_on_cancel=True)
+
     def read_blocking(self, url: str, offset: int, size: int,
                       headers: dict[str, str] | None = None,
                       range_in_url: bool = False) -> bytes | memoryview:

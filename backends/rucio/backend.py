@@ -370,6 +370,9 @@ class RucioBackend(Backend):
     async def start(self) -> None:
         await self.auth.headers()  # a bad password fails the mount, not the first ls
         await self.speculator.start()
+        endpoint = self.speculator.first_endpoint()
+        if endpoint is not None:  # the first guess pays no TCP/TLS handshake
+            await self.guess_reader.connect(_readable_url(endpoint, self.settings)[0])
 
     async def aclose(self) -> None:
         await self.api.aclose()

@@ -109,6 +109,15 @@ class Speculator:
             except RucioFsError as exc:
                 log.warning("RSE %s not described (%s): not guessed for now", rse, exc)
 
+    def first_endpoint(self) -> str | None:
+        """A PFN on the storage the next guess goes to (to connect to it ahead), or None."""
+        for rse in self.settings.speculate if self.explicit else self.settings.rses:
+            description = self._descriptions.get(rse)
+            pfn = description.pfn("x", "x", self.settings.schemes) if description else None
+            if pfn is not None:
+                return pfn
+        return None
+
     def applies(self, entry: Entry) -> bool:
         """Whether a first read of ``entry`` may be guessed: small and checksummed."""
         return (self.enabled and 0 < entry.size <= self.settings.speculate_max

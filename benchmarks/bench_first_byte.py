@@ -1,0 +1,131 @@
+"""Time to first byte on Rucio: a cold ``cat`` of a small file, once and 1,000 times in a loop.
+
+Every variant runs on a fresh mount (nothing listed, nothing resolved) against the real
+server of the tests, in the same run as its baseline — the mount with first-read
+guesses and sibling batches switched off (``speculate=off&replica_batch=0``), which is how
+rucio-fs read before them:
+
+1. ``cat`` of one 4 KiB file in a never-listed dataset, page cache dropped, alternating
+   baseline / guessed (``rses=DAV``) / auto (no ``rses``: learns the RSE from the first
+   answer, so its first cat is the baseline's), median of ``--repeat``;
+2. ``cat`` of ``--files`` files of that dataset in a shell loop, never listed: baseline vs
+   guessed vs auto;
+3. the same loop after an ``ls`` of the dataset, guesses off: baseline vs sibling batches.
+
+Also reports the replica requests each variant made (the mount's counters). Uses the server
+in ``--server DIR`` or starts one. Prints Markdown, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import Mount, drop_page_cache, read_env
+
+REPO = Path(__file__).resolve().parent.parent
+SERVER = REPO / "scripts" / "servers" / "rucio.sh"
+BASELINE = "speculate=off&replica_batch=0"
+VARIANTS = {"baseline": BASELINE, "guessed": "rses=DAV", "auto": ""}
+
+
+def mount(root: Path, options: str) -> Mount:
+    return Mount(root, "rucio:///bench" + (f"?{options}" if options else ""))
+
+
+def counters(m: Mount) -> dict:
+    c = m.stats()["backend_counters"]
+    return {k: c.get(k, 0) for k in ("replica_requests", "replica_dids", "speculative_reads",
+                                     "speculative_hits", "rse_descriptions")}
+
+
+def cold_cat(root: Path, options: str, path: str) -> tuple[float, dict]:
+    m = mount(root, options)
+    try:
+        drop_page_cache()
+        start = time.perf_counter()
+        subprocess.run(["cat", str(m.path / path)], check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - start, counters(m)
+    finally:
+        m.unmount()
+
+
+def cat_loop(root: Path, options: str, dataset: str, names: list[str],
+             listed: bool) -> tuple[float, dict]:
+    m = mount(root, options)
+    try:
+        if listed:
+            os.listdir(m.path / dataset)
+        script = 'for f in "$@"; do cat "$f" >/dev/null || exit 1; done'
+        paths = [str(m.path / dataset / n) for n in names]
+        start = time.perf_counter()
+        subprocess.run(["sh", "-c", script, "sh", *paths], check=True)
+        return time.perf_counter() - start, counters(m)
+    finally:
+        m.unmount()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--server", type=Path, help="directory of a running rucio.sh server")
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--files", type=int, default=1000)
+    ap.add_argument("--out", type=Path,
+                    default=REPO / "benchmarks" / "results" / "first_byte.json")
+    args = ap.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-first-byte-"))
+    server = args.server or root / "server"
+    if args.server is None:
+        subprocess.run(["bash", str(SERVER), "start", str(server)], check=True)
+    env = read_env(server / "server.env")
+    os.environ["RUCIO_CONFIG"] = env["RUCIO_CONFIG"]
+    catalog = json.loads((server / "catalog.json").read_text())
+    results: dict = {"kernel": os.uname().release, "cpus": os.cpu_count()}
+    try:
+        files = catalog["ds10000"]
+        cats: dict[str, list[float]] = {k: [] for k in VARIANTS}
+        for i in range(args.repeat):  # interleaved: every variant sees the same server
+            for k, (name, options) in enumerate(VARIANTS.items()):
+                f = files[100 + 3 * i + k]
+                seconds, _ = cold_cat(root, options, f"ds10000/{f['name']}")
+                cats[name].append(seconds)
+        results["cold_cat_ms"] = {k: [round(1000 * s, 1) for s in v] for k, v in cats.items()}
+
+        names = [f["name"] for f in catalog["ds1000"]][: args.files]
+        loops = {}
+        for name, options in VARIANTS.items():
+            loops[name] = cat_loop(root, options, "ds1000", names, listed=False)
+        loops["listed_baseline"] = cat_loop(root, BASELINE, "ds1000", names, listed=True)
+        loops["listed_batched"] = cat_loop(root, "speculate=off", "ds1000", names, listed=True)
+        results["loop"] = {k: {"seconds": round(s, 2), **c} for k, (s, c) in loops.items()}
+    finally:
+        if args.server is None:
+            subprocess.run(["bash", str(SERVER), "stop", str(server)], check=False)
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    med = {k: statistics.median(v) for k, v in results["cold_cat_ms"].items()}
+    print("| measurement | variant | time | replica requests | vs baseline |")
+    print("|---|---|---:|---:|---:|")
+    for k, v in results["cold_cat_ms"].items():
+        print(f"| cold `cat` 4 KiB, fresh mount, never-listed dataset (median of "
+              f"{args.repeat}) | {k} | {med[k]:.1f} ms ({min(v):.1f}-{max(v):.1f}) | | "
+              f"{med[k] / med['baseline']:.2f}x |")
+    loop = results["loop"]
+    for k, v in loop.items():
+        base = loop["listed_baseline" if k.startswith("listed") else "baseline"]["seconds"]
+        print(f"| `cat` of {len(names)} files in a loop | {k} | {v['seconds']:.2f} s | "
+              f"{v['replica_requests']} | {v['seconds'] / base:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
