@@ -5,9 +5,10 @@ server of the tests, in the same run as its baseline — the mount with first-re
 guesses and sibling batches switched off (``speculate=off&replica_batch=0``), which is how
 rucio-fs read before them:
 
-1. ``cat`` of one 4 KiB file in a never-listed dataset, page cache dropped, alternating
-   baseline / guessed (``rses=DAV``) / auto (no ``rses``: learns the RSE from the first
-   answer, so its first cat is the baseline's), median of ``--repeat``;
+1. ``cat`` of one 4 KiB file in a never-listed dataset, alternating baseline / guessed
+   (``rses=DAV``) / auto (no ``rses``: learns the RSE from the first answer, so its first cat
+   is the baseline's), median of ``--repeat``; with the machine's page cache dropped before
+   each (which evicts the co-located servers' pages too) and without;
 2. ``cat`` of ``--files`` files of that dataset in a shell loop, never listed: baseline vs
    guessed vs auto;
 3. the same loop after an ``ls`` of the dataset, guesses off: baseline vs sibling batches.
@@ -46,10 +47,11 @@ def counters(m: Mount) -> dict:
                                      "speculative_hits", "rse_descriptions")}
 
 
-def cold_cat(root: Path, options: str, path: str) -> tuple[float, dict]:
+def cold_cat(root: Path, options: str, path: str, drop: bool) -> tuple[float, dict]:
     m = mount(root, options)
     try:
-        drop_page_cache()
+        if drop:  # also evicts the co-located server's own pages: its answers slow down
+            drop_page_cache()
         start = time.perf_counter()
         subprocess.run(["cat", str(m.path / path)], check=True, stdout=subprocess.DEVNULL)
         return time.perf_counter() - start, counters(m)
@@ -91,21 +93,27 @@ def main() -> int:
     results: dict = {"kernel": os.uname().release, "cpus": os.cpu_count()}
     try:
         files = catalog["ds10000"]
-        cats: dict[str, list[float]] = {k: [] for k in VARIANTS}
+        cats: dict[str, list[float]] = {}
         for i in range(args.repeat):  # interleaved: every variant sees the same server
             for k, (name, options) in enumerate(VARIANTS.items()):
-                f = files[100 + 3 * i + k]
-                seconds, _ = cold_cat(root, options, f"ds10000/{f['name']}")
-                cats[name].append(seconds)
+                for drop in (True, False):
+                    f = files[100 + 6 * i + 2 * k + drop]
+                    seconds, _ = cold_cat(root, options, f"ds10000/{f['name']}", drop)
+                    label = f"{name}, page cache dropped" if drop else name
+                    cats.setdefault(label, []).append(seconds)
         results["cold_cat_ms"] = {k: [round(1000 * s, 1) for s in v] for k, v in cats.items()}
 
         names = [f["name"] for f in catalog["ds1000"]][: args.files]
         loops = {}
-        for name, options in VARIANTS.items():
+        for name, options in VARIANTS.items() if names else ():
             loops[name] = cat_loop(root, options, "ds1000", names, listed=False)
-        loops["listed_baseline"] = cat_loop(root, BASELINE, "ds1000", names, listed=True)
-        loops["listed_batched"] = cat_loop(root, "speculate=off", "ds1000", names, listed=True)
-        results["loop"] = {k: {"seconds": round(s, 2), **c} for k, (s, c) in loops.items()}
+        if names:
+            loops["listed_baseline"] = cat_loop(root, BASELINE, "ds1000", names, listed=True)
+            loops["listed_batched"] = cat_loop(root, "speculate=off", "ds1000", names,
+                                               listed=True)
+        if loops:
+            results["loop"] = {k: {"seconds": round(s, 2), **c}
+                               for k, (s, c) in loops.items()}
     finally:
         if args.server is None:
             subprocess.run(["bash", str(SERVER), "stop", str(server)], check=False)
@@ -116,10 +124,11 @@ def main() -> int:
     print("| measurement | variant | time | replica requests | vs baseline |")
     print("|---|---|---:|---:|---:|")
     for k, v in results["cold_cat_ms"].items():
+        base = med["baseline" + k.partition(",")[1] + k.partition(",")[2]]
         print(f"| cold `cat` 4 KiB, fresh mount, never-listed dataset (median of "
               f"{args.repeat}) | {k} | {med[k]:.1f} ms ({min(v):.1f}-{max(v):.1f}) | | "
-              f"{med[k] / med['baseline']:.2f}x |")
-    loop = results["loop"]
+              f"{med[k] / base:.2f}x |")
+    loop = results.get("loop", {})
     for k, v in loop.items():
         base = loop["listed_baseline" if k.startswith("listed") else "baseline"]["seconds"]
         print(f"| `cat` of {len(names)} files in a loop | {k} | {v['seconds']:.2f} s | "

@@ -12,6 +12,8 @@ Experiments (the same server, one run):
   directories two levels deep; ``cp -r`` into the mount, then ``rm -r``. Against s3fs and rclone.
 * ``big``: 1 GiB written with ``dd bs=1M`` (until close returns: the upload is done) and read
   back cold with ``cat``, beside s3fs.
+* ``first-byte``: ``cat`` of a 4 KiB object on a fresh mount with the page cache dropped,
+  every client in turn (rucio-fs, the peers, GeeseFS when built), median of ``--repeat``.
 
 ``--server DIR`` reuses servers started with ``scripts/servers/s3.sh start DIR``; otherwise they
 are started in a temporary directory and stopped by PID at the end.
@@ -38,6 +40,7 @@ from urllib.parse import quote, urlsplit
 from common import (
     Mount,
     drop_page_cache,
+    geesefs_binary,
     random_file,
     read_env,
     s3_peer_mount,
@@ -166,6 +169,29 @@ def exp_big(env: dict, root: Path, mib: int, peers: list[str]) -> dict:
     return results
 
 
+def exp_first_byte(env: dict, root: Path, repeat: int, peers: list[str]) -> dict:
+    prefix = f"first-byte-{uuid.uuid4().hex[:6]}"
+    with s3_peer_mount("rucio-fs", env, prefix, root) as mnt:
+        for i in range(repeat):
+            (mnt / f"small-{i}.dat").write_bytes(os.urandom(4096))
+    kinds = ["rucio-fs", *peers, *(["geesefs"] if geesefs_binary() else [])]
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for i in range(repeat):  # interleaved: every client sees the same server and machine
+        for kind in kinds:
+            with s3_peer_mount(kind, env, prefix, root) as mnt:
+                drop_page_cache()
+                start = time.perf_counter()
+                data = (mnt / f"small-{i}.dat").read_bytes()
+                times[kind].append(time.perf_counter() - start)
+                assert len(data) == 4096, (kind, len(data))
+    result = {kind: {"median_ms": 1000 * sorted(t)[len(t) // 2],
+                     "range_ms": [1000 * min(t), 1000 * max(t)]} for kind, t in times.items()}
+    for kind, r in result.items():
+        print(f"  {kind:<9} cold cat 4 KiB {r['median_ms']:6.1f} ms "
+              f"({r['range_ms'][0]:.1f}-{r['range_ms'][1]:.1f})", flush=True)
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -193,6 +219,8 @@ def main() -> int:
             results["small"] = exp_small(env, root, args.small_files, peers)
         if "big" in chosen:
             results["big"] = exp_big(env, root, args.big_mib, peers)
+        if "first-byte" in chosen:
+            results["first_byte"] = exp_first_byte(env, root, max(args.repeat, 5), peers)
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
     return 0
