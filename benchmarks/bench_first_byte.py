@@ -29,10 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import Mount, drop_page_cache, read_env
+from common import Mount, drop_page_cache, rucio_server
 
 REPO = Path(__file__).resolve().parent.parent
-SERVER = REPO / "scripts" / "servers" / "rucio.sh"
 BASELINE = "speculate=off&replica_batch=0"
 VARIANTS = {"baseline": BASELINE, "guessed": "rses=DAV", "auto": ""}
 
@@ -84,14 +83,9 @@ def main() -> int:
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-first-byte-"))
-    server = args.server or root / "server"
-    if args.server is None:
-        subprocess.run(["bash", str(SERVER), "start", str(server)], check=True)
-    env = read_env(server / "server.env")
-    os.environ["RUCIO_CONFIG"] = env["RUCIO_CONFIG"]
-    catalog = json.loads((server / "catalog.json").read_text())
     results: dict = {"kernel": os.uname().release, "cpus": os.cpu_count()}
-    try:
+    with rucio_server(args.server, root) as (server, _):
+        catalog = json.loads((server / "catalog.json").read_text())
         files = catalog["ds10000"]
         cats: dict[str, list[float]] = {}
         for i in range(args.repeat):  # interleaved: every variant sees the same server
@@ -114,9 +108,6 @@ def main() -> int:
         if loops:
             results["loop"] = {k: {"seconds": round(s, 2), **c}
                                for k, (s, c) in loops.items()}
-    finally:
-        if args.server is None:
-            subprocess.run(["bash", str(SERVER), "stop", str(server)], check=False)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))

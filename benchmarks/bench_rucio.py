@@ -28,14 +28,13 @@ from common import (
     Mount,
     peak_rss_mb,
     rclone_http_mount,
-    read_env,
     read_whole,
+    rucio_server,
     timed,
     tmpfs_twin,
 )
 
 REPO = Path(__file__).resolve().parent.parent
-SERVER = REPO / "scripts" / "servers" / "rucio.sh"
 BIG = "frame-4509715660.gwf"
 BIG_SIZE = 4_509_715_660
 PROTOTYPE = {"cold_ls_l_10k_s": 1.30, "raw_listing_s": 0.82, "warm_ls_l_10k_s": 0.060,
@@ -71,80 +70,78 @@ def main() -> int:
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-rucio-"))
-    server = args.server or root / "server"
-    if args.server is None:
-        subprocess.run(["bash", str(SERVER), "start", str(server)], check=True)
-    env = read_env(server / "server.env")
-    os.environ["RUCIO_CONFIG"] = env["RUCIO_CONFIG"]
-    host = env["RUCIO_HOST"]
-    big_pfn_path = next((Path(env["DAV_ROOT"]) / "rucio" / "bench").rglob(BIG))
-    big_rel = big_pfn_path.relative_to(Path(env["DAV_ROOT"]))
-    http_url = f"http://127.0.0.1:{env['DAV_HTTP']}/{big_rel}"
-    https_url = f"https://127.0.0.1:{env['DAV_HTTPS']}/{big_rel}"
-    small = json.loads((server / "catalog.json").read_text())["ds1000"]
+    with rucio_server(args.server, root) as (server, env):
+        host = env["RUCIO_HOST"]
+        big_pfn_path = next((Path(env["DAV_ROOT"]) / "rucio" / "bench").rglob(BIG))
+        big_rel = big_pfn_path.relative_to(Path(env["DAV_ROOT"]))
+        http_url = f"http://127.0.0.1:{env['DAV_HTTP']}/{big_rel}"
+        https_url = f"https://127.0.0.1:{env['DAV_HTTPS']}/{big_rel}"
+        small = json.loads((server / "catalog.json").read_text())["ds1000"]
 
-    results: dict = {"kernel": os.uname().release, "cpus": os.cpu_count(), "prototype": PROTOTYPE}
-    mounts: list[Mount] = []
-    try:
-        tok = token(host)
-        auth = ["-H", f"X-Rucio-Auth-Token: {tok}"]
-        m = Mount(root, "rucio:///bench")
-        mounts.append(m)
-        ds = m.path / "ds10000"
-        raw, cold = [], []
-        for _ in range(args.repeat):  # interleaved, so both see the same server and machine
-            raw.append(curl_time([*auth, f"{host}/dids/bench/ds10000/dids"]))
-            m.drop(settle=0.5)
-            cold.append(timed(["ls", "-l", str(ds)]))
-        warm_l = [timed(["ls", "-l", str(ds)]) for _ in range(5 * args.repeat)]
-        warm = [timed(["ls", str(ds)]) for _ in range(5 * args.repeat)]
-        with tmpfs_twin(root, os.listdir(ds)) as twin:
-            local_l = [timed(["ls", "-l", str(twin)]) for _ in range(5 * args.repeat)]
-            local = [timed(["ls", str(twin)]) for _ in range(5 * args.repeat)]
-        results.update(raw_listing_s=median(raw), cold_ls_l_10k_s=median(cold),
-                       warm_ls_l_10k_s=median(warm_l), warm_ls_10k_s=median(warm),
-                       tmpfs_ls_l_10k_s=median(local_l), tmpfs_ls_10k_s=median(local),
-                       cold_ratio=median(cold) / median(raw))
+        results: dict = {"kernel": os.uname().release, "cpus": os.cpu_count(),
+                         "prototype": PROTOTYPE}
+        mounts: list[Mount] = []
+        try:
+            tok = token(host)
+            auth = ["-H", f"X-Rucio-Auth-Token: {tok}"]
+            m = Mount(root, "rucio:///bench")
+            mounts.append(m)
+            ds = m.path / "ds10000"
+            raw, cold = [], []
+            for _ in range(args.repeat):  # interleaved, so both see the same server and machine
+                raw.append(curl_time([*auth, f"{host}/dids/bench/ds10000/dids"]))
+                m.drop(settle=0.5)
+                cold.append(timed(["ls", "-l", str(ds)]))
+            warm_l = [timed(["ls", "-l", str(ds)]) for _ in range(5 * args.repeat)]
+            warm = [timed(["ls", str(ds)]) for _ in range(5 * args.repeat)]
+            with tmpfs_twin(root, os.listdir(ds)) as twin:
+                local_l = [timed(["ls", "-l", str(twin)]) for _ in range(5 * args.repeat)]
+                local = [timed(["ls", str(twin)]) for _ in range(5 * args.repeat)]
+            results.update(raw_listing_s=median(raw), cold_ls_l_10k_s=median(cold),
+                           warm_ls_l_10k_s=median(warm_l), warm_ls_10k_s=median(warm),
+                           tmpfs_ls_l_10k_s=median(local_l), tmpfs_ls_10k_s=median(local),
+                           cold_ratio=median(cold) / median(raw))
 
-        # cat of a 4 KiB file: cold = every layer dropped, a file never opened before.
-        body = '{"dids":[{"scope":"bench","name":"%s"}],"schemes":["https","davs","http","file"]}'
-        replicas = [curl_time([*auth, "-X", "POST", "-d", body % f["name"],
-                               f"{host}/replicas/list"]) for f in small[100:100 + args.repeat]]
-        cat_cold, cat_warm = [], []
-        storage = [curl_time(["--cacert", env["CA_CERT"], "-r", "0-4095", https_url])
-                   for _ in range(args.repeat)]
-        for f in small[200:200 + args.repeat]:
-            m.drop(settle=0)
-            cat_cold.append(read_whole(m.path / "ds1000" / f["name"]))
-            cat_warm.append(median([read_whole(m.path / "ds1000" / f["name"])
-                                    for _ in range(5)]))
-        results.update(cat_cold_ms=1000 * median(cat_cold), cat_warm_ms=1000 * median(cat_warm),
-                       replica_request_ms=1000 * median(replicas),
-                       storage_get_ms=1000 * median(storage))
+            # cat of a 4 KiB file: cold = every layer dropped, a file never opened before.
+            body = ('{"dids":[{"scope":"bench","name":"%s"}],'
+                    '"schemes":["https","davs","http","file"]}')
+            replicas = [curl_time([*auth, "-X", "POST", "-d", body % f["name"],
+                                   f"{host}/replicas/list"])
+                        for f in small[100:100 + args.repeat]]
+            cat_cold, cat_warm = [], []
+            storage = [curl_time(["--cacert", env["CA_CERT"], "-r", "0-4095", https_url])
+                       for _ in range(args.repeat)]
+            for f in small[200:200 + args.repeat]:
+                m.drop(settle=0)
+                cat_cold.append(read_whole(m.path / "ds1000" / f["name"]))
+                cat_warm.append(median([read_whole(m.path / "ds1000" / f["name"])
+                                        for _ in range(5)]))
+            results.update(cat_cold_ms=1000 * median(cat_cold), cat_warm_ms=1000 * median(cat_warm),
+                           replica_request_ms=1000 * median(replicas),
+                           storage_get_ms=1000 * median(storage))
 
-        for scheme, url in (("http", http_url), ("https", https_url)):
-            curl = [curl_time(["--cacert", env["CA_CERT"], url]) for _ in range(2)]
-            big = Mount(root, f"rucio:///bench/big?schemes={scheme}")
-            mounts.append(big)
-            pid = big.stats()["pid"]
-            copies = []
-            for _ in range(2):
-                big.drop(settle=0)
-                copies.append(timed(["cat", str(big.path / BIG)]))
-            results[f"big_{scheme}"] = {
-                "curl_MBps": BIG_SIZE / 1e6 / min(curl),
-                "mount_MBps": BIG_SIZE / 1e6 / min(copies),
-                "peak_rss_mb": peak_rss_mb(pid),
-                "verified": big.stats()["events"].get("checksum_verified", 0)}
-        if args.peer and shutil.which("rclone"):
-            with rclone_http_mount(root, f"http://127.0.0.1:{env['DAV_HTTP']}/",
-                                   str(big_rel)) as peer:
-                results["rclone_http_MBps"] = BIG_SIZE / 1e6 / timed(["cat", str(peer / big_rel)])
-    finally:
-        for m in mounts:
-            m.unmount()
-        if args.server is None:
-            subprocess.run(["bash", str(SERVER), "stop", str(server)], check=False)
+            for scheme, url in (("http", http_url), ("https", https_url)):
+                curl = [curl_time(["--cacert", env["CA_CERT"], url]) for _ in range(2)]
+                big = Mount(root, f"rucio:///bench/big?schemes={scheme}")
+                mounts.append(big)
+                pid = big.stats()["pid"]
+                copies = []
+                for _ in range(2):
+                    big.drop(settle=0)
+                    copies.append(timed(["cat", str(big.path / BIG)]))
+                results[f"big_{scheme}"] = {
+                    "curl_MBps": BIG_SIZE / 1e6 / min(curl),
+                    "mount_MBps": BIG_SIZE / 1e6 / min(copies),
+                    "peak_rss_mb": peak_rss_mb(pid),
+                    "verified": big.stats()["events"].get("checksum_verified", 0)}
+            if args.peer and shutil.which("rclone"):
+                with rclone_http_mount(root, f"http://127.0.0.1:{env['DAV_HTTP']}/",
+                                       str(big_rel)) as peer:
+                    results["rclone_http_MBps"] = BIG_SIZE / 1e6 / timed(
+                        ["cat", str(peer / big_rel)])
+        finally:
+            for m in mounts:
+                m.unmount()
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))

@@ -233,6 +233,21 @@ def script_server(name: str, base: Path, **env: str) -> Iterator[dict[str, str]]
         subprocess.run(["bash", str(script), "stop", str(base)], check=False)
 
 
+@contextmanager
+def rucio_server(reuse: Path | None, root: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """The Rucio server of ``scripts/servers/rucio.sh`` in ``reuse`` (left running), else one
+    started under ``root`` and stopped by PID on exit; yields its directory and ``server.env``,
+    with ``RUCIO_CONFIG`` set for the mounts this process starts."""
+    if reuse is not None:
+        env = read_env(reuse / "server.env")
+        os.environ["RUCIO_CONFIG"] = env["RUCIO_CONFIG"]
+        yield reuse, env
+        return
+    with script_server("rucio", root / "server") as env:
+        os.environ["RUCIO_CONFIG"] = env["RUCIO_CONFIG"]
+        yield root / "server", env
+
+
 def concurrently(commands: list[list[str]]) -> list[float]:
     """Start every command at once; each one's seconds from the common start to its exit."""
     start = time.perf_counter()

@@ -207,8 +207,10 @@ class SlowCatalog:
 
     def __init__(self, delay: float) -> None:
         self.delay = delay
+        self.calls = 0
 
     async def ndjson(self, method: str, path: str, *, json: dict, what: str = ""):
+        self.calls += 1
         await trio.sleep(self.delay)
         for did in json["dids"]:
             yield {"scope": did["scope"], "name": did["name"], "pfns": {}}
@@ -270,6 +272,33 @@ def test_a_guess_that_wins_withdraws_its_replica_lookup(rucio_server):
     trio.run(main)
     assert adler32(results["data"]) == f["adler32"]  # type: ignore[arg-type]
     assert results["pending"] == 0  # nothing left queued for a caller that went away
+
+
+def test_concurrent_reads_of_one_handle_wait_for_its_guess(rucio_server):
+    f = rucio_server.catalog["ds500"][13]
+    parts: list[bytes] = [b"", b""]
+    catalog = SlowCatalog(delay=5.0)
+
+    async def main() -> None:
+        backend = _backend("rucio:///bench?rses=DAV&speculate_hedge=30s")
+        await backend.start()
+        backend.resolver.api = catalog  # type: ignore[assignment]
+        try:
+            handle = await backend.open(f"/ds500/{f['name']}", _entry(f))
+
+            async def read(i: int) -> None:
+                parts[i] = bytes(await backend.read(handle, 2048 * i, 2048))
+
+            with trio.fail_after(3):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(read, 0)
+                    nursery.start_soon(read, 1)
+        finally:
+            await backend.aclose()
+
+    trio.run(main)
+    assert adler32(parts[0] + parts[1]) == f["adler32"]
+    assert catalog.calls == 0  # the second read took the guessed bytes, asked nothing
 
 
 def test_the_computed_layout_is_the_servers(rucio_server):

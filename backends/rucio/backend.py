@@ -328,8 +328,12 @@ class _Handle:
     preferred: int = 0
     #: Whether the first read may still be guessed (see :mod:`.speculation`).
     guessable: bool = False
-    #: The whole file, as a guessed read found and verified it (served, then let go).
+    #: The whole file, as a guessed read found and verified it (let go once as many bytes
+    #: were served as it holds, in any order, or at close).
     content: bytes | memoryview | None = None
+    served: int = 0
+    #: Set once the guess has its verdict (concurrent reads wait for it).
+    guessing: trio.Event | None = None
     #: An RSE whose copy just failed verification: its replica is tried last.
     distrusted: str = ""
 
@@ -522,8 +526,7 @@ class RucioBackend(Backend):
 
     def use_caches(self, enabled: bool) -> None:
         self.resolver.caching = self._caching = enabled
-        if not enabled:
-            self.speculator.forget()
+        self.speculator.learning = enabled
 
     def use_shared_values(self, values: SharedValues) -> None:
         """Resolved replica locations (the PFNs and their RSEs, as the catalog listed them;
@@ -556,10 +559,17 @@ class RucioBackend(Backend):
     async def read(self, handle: _Handle, offset: int, size: int) -> bytes | memoryview:
         if handle.content is None and handle.guessable and handle.replicas is None:
             handle.guessable = False
-            handle.content = await self._first_read(handle)
+            handle.guessing = trio.Event()
+            try:
+                handle.content = await self._first_read(handle)
+            finally:
+                handle.guessing.set()
+        elif handle.guessing is not None and not handle.guessing.is_set():
+            await handle.guessing.wait()  # a concurrent read waits for the guess's verdict
         if handle.content is not None:
             data = handle.content[offset:offset + size]
-            if offset + size >= len(handle.content):
+            handle.served += len(data)
+            if handle.served >= len(handle.content):
                 handle.content = None  # read through: a later read asks the replicas
             return data
         if handle.replicas is None:
@@ -591,6 +601,9 @@ class RucioBackend(Backend):
         self.resolver.forget(handle.did)
         error = IntegrityError if short else Unavailable
         raise error(f"{handle.did}: no readable replica ({'; '.join(failures) or 'none'})")
+
+    async def close(self, handle: _Handle) -> None:
+        handle.content = None
 
     async def _first_read(self, handle: _Handle) -> bytes | memoryview | None:
         """The whole file read from its guessed PFN while the replica lookup runs (started

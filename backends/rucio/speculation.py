@@ -84,6 +84,9 @@ class Speculator:
         #: RSEs whose catalog PFNs did not: never guessed again on this mount.
         self._rejected: set[str] = set()
         self._samples: dict[str, list[tuple[str, str, str]]] = {}
+        #: Whether RSEs are learned from the catalog's answers (off with the metadata layer:
+        #: then only ``rses`` and ``speculate`` name RSEs to guess on).
+        self.learning = True
 
     @property
     def enabled(self) -> bool:
@@ -174,7 +177,8 @@ class Speculator:
         if not computed:
             return
         if pfn in computed:
-            self._confirmed[description.rse] += 1
+            if self.learning:
+                self._confirmed[description.rse] += 1
             return
         self._rejected.add(description.rse)
         self._confirmed.pop(description.rse, None)

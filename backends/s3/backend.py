@@ -175,6 +175,8 @@ class S3Backend(Backend):
                            f"{settings.endpoint_url} ({exc})") from None
         except PermissionDenied as exc:
             raise PermissionDenied(f"access to bucket {settings.bucket} denied: {exc}") from None
+        # The first read then pays no TCP/TLS handshake and no worker-thread start.
+        await self.reader.connect(self._base + "/")
 
     def _find_credentials(self) -> Any:
         import botocore.session
