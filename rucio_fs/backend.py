@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from .errors import NotFound, NotPermitted, NotSupported, RucioFsError, Unconfirmed
+from .identity import CallerCredentials
 
 
 class Kind(enum.Enum):
@@ -189,6 +190,19 @@ class Backend(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Called once at unmount."""
+
+    #: Environment variables of a calling process that name or hold its credentials (read
+    #: by per-user mounts; nothing else of a caller's environment is ever kept).
+    credential_env: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def for_caller(cls, url: str, credentials: CallerCredentials) -> Backend:
+        """A backend for ``url`` acting as one local user (``--identity per-user``), with only
+        the credentials that user's own client would use: found from ``credentials``
+        (the caller's ``credential_env`` variables, its home, its files read as that user),
+        never from the daemon's environment or files. MissingCredentials or
+        PermissionDenied when the user has none usable. Default: not supported."""
+        raise NotSupported(f"{cls.scheme}: mounts cannot serve each user as themselves")
 
     @abstractmethod
     async def stat(self, path: str) -> Entry:

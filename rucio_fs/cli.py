@@ -77,6 +77,11 @@ def cli() -> None:
 @click.option("-f", "--foreground", is_flag=True, help="Stay in the foreground (log to stderr).")
 @click.option("--debug", is_flag=True, help="Debug logging (and libfuse debug output).")
 @click.option("--allow-other", is_flag=True, help="Let other users access the mount.")
+@click.option("--identity", type=click.Choice(["mount", "per-user"]), default="mount",
+              show_default=True,
+              help="Whose credentials serve a request: the mounting user's, or each calling "
+                   "user's own, found as their own client would (needs root and "
+                   "--allow-other; read-only; docs/per-user.md).")
 @click.option("--log-file", type=click.Path(dir_okay=False),
               help="Daemon log (default: <runtime dir>/mount-<pid>.log).")
 @click.option("--cold", is_flag=True, help="Turn every cache layer off.")
@@ -96,7 +101,7 @@ def cli() -> None:
               help="Backend option, the same as ?KEY=VALUE in the URL (repeatable), "
                    "e.g. -o endpoint_url=http://127.0.0.1:7070 for s3://.")
 def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other: bool,
-          log_file: str | None, cold: bool, no_disk_cache: bool, xattrs: bool,
+          identity: str, log_file: str | None, cold: bool, no_disk_cache: bool, xattrs: bool,
           read_ahead_kb: int, max_background: int, max_tasks: int, options: tuple[str, ...],
           **config: Any) -> int:
     """Mount the catalog at URL (demo://, ...) on MOUNTPOINT.
@@ -106,7 +111,8 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
     cache = MountConfig.from_options(config, cold=cold, no_disk_cache=no_disk_cache)
     url = with_options(url, options)
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
-                                 log_file, max_tasks, xattrs, read_ahead_kb, max_background))
+                                 log_file, max_tasks, xattrs, read_ahead_kb, max_background,
+                                 identity))
 
 
 def with_options(url: str, options: tuple[str, ...]) -> str:

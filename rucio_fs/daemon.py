@@ -13,11 +13,14 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,14 +29,23 @@ import pyfuse3
 import trio
 
 from . import __version__, control, kernel_tuning
-from .backend import Backend, Capability
+from .backend import Backend, Capability, Entry, Kind
 from .catalog import LAYERS, Catalog
 from .config import MountConfig
 from .disk_cache import DiskCache
-from .errors import InvalidInput, NotADirectory, RucioFsError, Unavailable
+from .errors import (
+    InvalidInput,
+    MissingCredentials,
+    NotADirectory,
+    PermissionDenied,
+    RucioFsError,
+    Unavailable,
+)
 from .fs import RucioFs
+from .identities import Identities
+from .identity import Caller, CallerCredentials, private_directory
 from .mounts import find_mount, require_rucio_fs, runtime_dir, socket_path
-from .registry import open_backend
+from .registry import backend_class, open_backend
 from .stats import Stats
 from .tracing import RequestRecorder
 from .writeback import WriteBack
@@ -60,6 +72,8 @@ class MountRequest:
     xattrs: bool = False
     read_ahead_kb: int = 1024
     max_background: int = 64
+    #: ``mount``: one identity, the mounting user's; ``per-user``: each caller's own.
+    identity: str = "mount"
 
 
 def check_mountpoint(mountpoint: str) -> str:
@@ -106,7 +120,7 @@ def claim_mountpoint(path: str) -> int:
 
 def mount(req: MountRequest) -> int:
     """Mount as requested; returns the process exit code. Background: returns once mounted."""
-    backend = open_backend(req.url)
+    backend = check_per_user(req) if req.identity == "per-user" else open_backend(req.url)
     req.mountpoint = check_mountpoint(req.mountpoint)
     claim_mountpoint(req.mountpoint)  # held (inherited by the daemon) until it exits
     if req.foreground:
@@ -176,7 +190,7 @@ def _bound_malloc() -> None:
         ctypes.CDLL(None).mallopt(M_ARENA_MAX, 1)
 
 
-def _run(req: MountRequest, backend: Backend, ready_fd: int | None) -> int:
+def _run(req: MountRequest, backend: Backend | None, ready_fd: int | None) -> int:
     state: dict[str, int | None] = {"ready_fd": ready_fd}
     _bound_malloc()
     try:
@@ -197,7 +211,85 @@ def _run(req: MountRequest, backend: Backend, ready_fd: int | None) -> int:
     return 0
 
 
-async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | None]) -> None:
+def check_per_user(req: MountRequest) -> None:
+    """Refuse a per-user mount that could serve one user with another's view (one line)."""
+    if not req.allow_other:
+        raise InvalidInput("--identity per-user needs --allow-other (other users must reach "
+                           "the mount to be served as themselves)")
+    if os.geteuid() != 0:
+        raise InvalidInput("--identity per-user needs root: credential files are read as "
+                           "each user, and only root can act as them")
+    cache = req.cache
+    for flag, used in (("--cache-dir", cache.disk), ("--shared-cache", cache.shared),
+                       ("--data-proxy", bool(cache.data_proxy))):
+        if used:
+            raise InvalidInput(f"--identity per-user cannot be combined with {flag} (its "
+                               "contents would be shared between users)")
+    cls = backend_class(req.url)
+    if cls.for_caller.__func__ is Backend.for_caller.__func__:  # type: ignore[attr-defined]
+        raise InvalidInput(f"{cls.scheme}: this backend cannot serve each user as themselves")
+    # The URL itself is checked now, with the mounting user's credentials (having none is
+    # fine: this mount never uses them).
+    mine = CallerCredentials.of(Caller(os.getuid(), os.getgid(), os.getpid()),
+                                cls.credential_env, tempfile.mkdtemp(prefix="rucio-fs-"))
+    try:
+        cls.for_caller(req.url, mine)
+    except (MissingCredentials, PermissionDenied):
+        pass
+    finally:
+        shutil.rmtree(mine.private_dir, ignore_errors=True)
+
+
+def _per_user(req: MountRequest, stats: Stats, ops_holder: list[RucioFs]) -> Identities:
+    """The catalogs of a per-user mount: each caller's backend, started and checked on the
+    caller's first request, with the core's layers above it (no disk layer)."""
+    cls = backend_class(req.url)
+    config = req.cache
+
+    async def make_backend(credentials: CallerCredentials) -> Backend:
+        backend = await trio.to_thread.run_sync(cls.for_caller, req.url, credentials)
+        try:
+            with trio.fail_after(config.backend_timeout):
+                await backend.start()
+                root = await backend.stat("/")
+        except trio.TooSlowError:
+            await backend.aclose()
+            raise Unavailable(f"{req.url}: the catalog did not answer in time") from None
+        except RucioFsError:
+            await backend.aclose()
+            raise
+        if not root.is_dir:
+            await backend.aclose()
+            raise NotADirectory(f"{req.url}: the catalog root is not a directory")
+        return backend
+
+    def make_catalog(backend: Backend) -> Catalog:
+        catalog = Catalog(backend, config, stats, None)
+        catalog.nursery = ops_holder[0].nursery if ops_holder else None
+        return catalog
+
+    private = private_directory(str(runtime_dir() / f"per-user-{os.getpid()}"))
+    return Identities(make_backend, make_catalog, cls.credential_env, private)
+
+
+async def _serve(req: MountRequest, backend: Backend | None,
+                 state: dict[str, int | None]) -> None:
+    stats = Stats()
+    if backend is None:
+        holder: list[RucioFs] = []
+        identities = _per_user(req, stats, holder)
+        root = Entry(name="", kind=Kind.DIR, mtime_ns=time.time_ns())
+        ops = RucioFs(None, root, req.cache, stats,  # type: ignore[arg-type]
+                      xattrs=req.xattrs, identities=identities)
+        holder.append(ops)
+
+        async def close_per_user() -> None:
+            await identities.aclose()
+            shutil.rmtree(identities.private_dir, ignore_errors=True)
+
+        await _session(req, ops, stats, state, backend_class(req.url).scheme, True,
+                       lambda nursery: None, close_per_user)
+        return
     try:
         with trio.fail_after(120):
             await backend.start()
@@ -207,7 +299,6 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
     if not root.is_dir:
         raise NotADirectory(f"{req.url}: the catalog root is not a directory")
 
-    stats = Stats()
     disk = None
     if req.cache.disk:
         disk = DiskCache(req.cache.disk_dir, req.cache.disk_max_bytes, req.url, stats,
@@ -228,10 +319,39 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
             raise InvalidInput(f"staging directory {writeback.staging_dir}: "
                                f"{exc.strerror}") from None
     ops = RucioFs(catalog, root, req.cache, stats, xattrs=req.xattrs, writeback=writeback)
+
+    def background(nursery: trio.Nursery) -> None:
+        catalog.nursery = nursery
+        if writeback is not None:
+            writeback.nursery = nursery
+            nursery.start_soon(writeback.run_retries)
+            nursery.start_soon(writeback.queue.run)
+        if disk is not None:
+            for _ in range(DISK_WRITERS):
+                nursery.start_soon(catalog.data_path.run_disk_writer)
+
+    async def close() -> None:
+        if writeback is not None:
+            async with trio.open_nursery() as nursery:
+                writeback.nursery = nursery
+                await writeback.shutdown()
+        await catalog.data_path.flush_disk_writes()
+        await catalog.aclose()
+
+    await _session(req, ops, stats, state, backend.scheme,
+                   not backend.capabilities & Capability.WRITE, background, close)
+
+
+async def _session(req: MountRequest, ops: RucioFs, stats: Stats,
+                   state: dict[str, int | None], scheme: str, read_only: bool,
+                   background: Callable[[trio.Nursery], None],
+                   close: Callable[[], Awaitable[None]]) -> None:
+    """Mount ``ops`` and serve the kernel until unmounted; ``background`` starts the mount's
+    own tasks, ``close`` lets go of its catalogs afterwards."""
     options = set(pyfuse3.default_options)
     options.discard("default_permissions")
     options |= {f"fsname={_fsname(req.url)}", "subtype=rucio-fs", "default_permissions"}
-    if not backend.capabilities & Capability.WRITE:
+    if read_only:
         options.add("ro")
     if req.allow_other:
         options.add("allow_other")
@@ -248,8 +368,8 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
         minor = info.minor if info else -1
         stats.static.update({
             "version": __version__, "pid": os.getpid(), "url": req.url,
-            "mountpoint": req.mountpoint, "backend": backend.scheme,
-            "config": req.cache.as_dict(),
+            "mountpoint": req.mountpoint, "backend": scheme,
+            "config": {**req.cache.as_dict(), "identity": req.identity},
             "kernel": {"fuse_connection": minor, "max_tasks": req.max_tasks,
                        "xattrs": req.xattrs},
         })
@@ -258,26 +378,15 @@ async def _serve(req: MountRequest, backend: Backend, state: dict[str, int | Non
             await nursery.start(control.serve, socket_path(minor), handler)
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             nursery.start_soon(_finish_mount, req, minor, stats, state)
-            ops.nursery = catalog.nursery = nursery
-            if writeback is not None:
-                writeback.nursery = nursery
-                nursery.start_soon(writeback.run_retries)
-                nursery.start_soon(writeback.queue.run)
-            if disk is not None:
-                for _ in range(DISK_WRITERS):
-                    nursery.start_soon(catalog.data_path.run_disk_writer)
+            ops.nursery = nursery
+            background(nursery)
             await pyfuse3.main(min_tasks=4, max_tasks=req.max_tasks)
             # main() returns when the kernel ended the session (fusermount -u): already gone.
             unmount = False
             nursery.cancel_scope.cancel()
     finally:
         pyfuse3.close(unmount=unmount)
-        if writeback is not None:
-            async with trio.open_nursery() as nursery:
-                writeback.nursery = nursery
-                await writeback.shutdown()
-        await catalog.data_path.flush_disk_writes()
-        await catalog.aclose()
+        await close()
         log.info("unmounted %s", req.mountpoint)
 
 
@@ -321,19 +430,31 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
     #: The backend's own counters at the last ``stats --reset`` (they cannot be zeroed).
     baseline: dict[str, int] = {}
 
+    def all_counters() -> Counter[str]:
+        total: Counter[str] = Counter()
+        for catalog in ops.catalogs():  # a per-user mount: summed over its users' catalogs
+            total.update(catalog.backend_counters())
+        return total
+
     def backend_counters() -> dict[str, int]:
-        return {key: value - baseline.get(key, 0)
-                for key, value in ops.catalog.backend_counters().items()}
+        return {key: value - baseline.get(key, 0) for key, value in all_counters().items()}
+
+    def sizes() -> dict[str, int]:
+        total: Counter[str] = Counter()
+        for catalog in ops.catalogs():
+            disk = catalog.data_path.disk
+            total.update({"metadata_entries": len(catalog.metadata),
+                          "listing_entries": catalog.listing.currsize,
+                          "data_bytes": catalog.data_path.data.currsize,
+                          **({"disk_bytes": disk.currsize, "disk_blocks": len(disk)}
+                             if disk is not None else {})})
+        return dict(total)
 
     live = {
         "backend_counters": backend_counters,
         "inodes": lambda: {"known": len(ops.inodes)},
-        "sizes": lambda: {"metadata_entries": len(ops.catalog.metadata),
-                          "listing_entries": ops.catalog.listing.currsize,
-                          "data_bytes": ops.catalog.data_path.data.currsize,
-                          **({"disk_bytes": ops.catalog.data_path.disk.currsize,
-                              "disk_blocks": len(ops.catalog.data_path.disk)}
-                             if ops.catalog.data_path.disk is not None else {})},
+        "sizes": sizes,
+        **({"identities": ops.identities.snapshot} if ops.identities is not None else {}),
     }
 
     async def handle(message: dict[str, Any]) -> Any:
@@ -344,7 +465,7 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
             snap = stats.snapshot(live)
             if message.get("reset"):
                 stats.reset()
-                baseline.update(ops.catalog.backend_counters())
+                baseline.update(all_counters())
             return snap
         if op == "drop":
             layers = message.get("layers") or list(LAYERS)
@@ -353,8 +474,10 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
                 raise InvalidInput(f"unknown cache layer(s): {', '.join(sorted(unknown))}")
             ops.drop_caches(layers)
             invalidated = await ops.drop_kernel_cache() if "kernel" in layers else 0
-            shared = ops.catalog.shared
-            forgotten = await shared.forget_mine() if shared and "shared" in layers else 0
+            forgotten = 0
+            for catalog in ops.catalogs():
+                if catalog.shared and "shared" in layers:
+                    forgotten += await catalog.shared.forget_mine()
             return {"layers": layers, "kernel_inodes_invalidated": invalidated,
                     "shared_keys_deleted": forgotten}
         if op == "uploads":

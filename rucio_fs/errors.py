@@ -22,12 +22,21 @@ class InvalidInput(RucioFsError):
     errno = errno.EINVAL
 
 
+class MissingCredentials(InvalidInput):
+    """No usable credentials where the catalog's own client would look (no password, no
+    proxy file, ...). Fails a mount; in a per-user mount it is the caller's EACCES."""
+
+
 class NotFound(RucioFsError):
     errno = errno.ENOENT
 
 
 class PermissionDenied(RucioFsError):
     errno = errno.EACCES
+
+
+class NoCredentials(PermissionDenied):
+    """A per-user mount's caller has no usable credentials (logged once where found out)."""
 
 
 class Unauthorized(PermissionDenied):

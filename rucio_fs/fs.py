@@ -8,6 +8,7 @@ file and directory handles, the kernel cache layer (entry/attr/negative timeouts
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import functools
 import logging
@@ -32,13 +33,17 @@ from .errors import (
     AlreadyExists,
     IntegrityError,
     IsADirectory,
+    NoCredentials,
     NotADirectory,
     NotEmpty,
     NotFound,
     NotPermitted,
     NotSupported,
+    PermissionDenied,
     RucioFsError,
 )
+from .identities import Identities
+from .identity import Caller
 from .inodes import ROOT_INO, Inode, InodeTable
 from .integrity import StreamVerifier, Verification
 from .stats import Stats, errno_name
@@ -70,13 +75,15 @@ def fuse_op(fn: F) -> F:
         code = 0
         self.requests_running += 1
         try:
+            if self.identities is not None and not (name == "getattr" and args[0] == ROOT_INO):
+                _serving.set(await self._caller_catalog(args))
             return await fn(self, *args)
         except pyfuse3.FUSEError as exc:
             code = exc.errno
             raise
         except RucioFsError as exc:
             code = exc.errno
-            if code != errno.ENOENT:
+            if code != errno.ENOENT and not isinstance(exc, NoCredentials):
                 log.warning("%s failed: %s", name, exc)
             raise pyfuse3.FUSEError(code) from None
         except Exception:
@@ -96,6 +103,10 @@ def fuse_op(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+#: The catalog serving the request this task answers (per-user mounts; see ``RucioFs.catalog``).
+_serving: contextvars.ContextVar[Catalog | None] = contextvars.ContextVar("serving",
+                                                                          default=None)
+
 #: ``Inode.cached_version`` of a file whose pages must be dropped at the next open.
 INVALID = "\0invalid"
 
@@ -105,6 +116,7 @@ class _DirHandle:
     inode: Inode
     listing: Listing
     fetched_at: float
+    catalog: Catalog | None = None
 
 
 @dataclass(slots=True)
@@ -117,6 +129,8 @@ class _FileHandle:
     #: The file's pending content, when it has any; ``writer``: this handle may write.
     dirty: DirtyFile | None = None
     writer: bool = False
+    #: The catalog that opened it (per-user mounts: its caller's).
+    catalog: Catalog | None = None
 
 
 def _invalidate_entry(parent_ino: int, name: str) -> None:
@@ -143,9 +157,12 @@ class RucioFs(pyfuse3.Operations):
 
     def __init__(self, catalog: Catalog, root_entry: Entry, config: MountConfig, stats: Stats,
                  uid: int | None = None, gid: int | None = None, xattrs: bool = False,
-                 writeback: WriteBack | None = None) -> None:
+                 writeback: WriteBack | None = None,
+                 identities: Identities | None = None) -> None:
         super().__init__()
-        self.catalog = catalog
+        self._catalog = catalog
+        #: Per-user mounts: every request is served by its caller's catalog.
+        self.identities = identities
         self.xattrs = xattrs
         self.config = config
         self.stats = stats
@@ -181,6 +198,28 @@ class RucioFs(pyfuse3.Operations):
             self._entry_ttl = self._attr_ttl = self._immutable_ttl = self._negative_ttl = 0.0
 
     # -- helpers ---------------------------------------------------------------------------
+
+    @property
+    def catalog(self) -> Catalog:
+        """The catalog serving this request: the mount's, or on a per-user mount the
+        caller's (set by ``fuse_op``); never the mounting user's on a per-user mount."""
+        if self.identities is None:
+            return self._catalog
+        catalog = _serving.get()
+        if catalog is None:
+            raise PermissionDenied("a request of no known caller")
+        return catalog
+
+    async def _caller_catalog(self, args: tuple[Any, ...]) -> Catalog | None:
+        """The catalog of a per-user mount's request: its caller's (a request with a
+        context), else the one that opened the handle it names, else none (``forget``)."""
+        assert self.identities is not None
+        ctx = args[-1] if args else None
+        if isinstance(ctx, pyfuse3.RequestContext):
+            return await self.identities.catalog_for(Caller(ctx.uid, ctx.gid, ctx.pid))
+        handle = (self._files.get(args[0]) or self._dirs.get(args[0])
+                  if args and isinstance(args[0], int) else None)
+        return handle.catalog if handle is not None else None
 
     def _inode(self, ino: int) -> Inode:
         try:
@@ -218,6 +257,8 @@ class RucioFs(pyfuse3.Operations):
         """Whether attributes just received answer without a call: for ``attr_window`` after
         they arrived, and while the directory handle whose listing delivered them is open
         (``ls -l`` stats entries between readdir calls, however long that takes)."""
+        if self.identities is not None:
+            return False  # attributes fetched for one user never answer another's lookup
         if now - inode.fetched_at < self.config.attr_window:
             return True
         parent = self.inodes.get(inode.parent)
@@ -285,6 +326,8 @@ class RucioFs(pyfuse3.Operations):
     @fuse_op
     async def getattr(self, inode: int, ctx: Any = None) -> Any:
         node = self._inode(inode)
+        if self.identities is not None and inode == ROOT_INO:
+            return self._attrs(node)  # the mount's root is there for every caller
         await self._revalidate(node)
         return self._attrs(node)
 
@@ -295,7 +338,7 @@ class RucioFs(pyfuse3.Operations):
             raise NotADirectory(node.path)
         listing = await self.catalog.list(node.path)
         fh = self._new_fh()
-        self._dirs[fh] = handle = _DirHandle(node, listing, time.monotonic())
+        self._dirs[fh] = handle = _DirHandle(node, listing, time.monotonic(), self.catalog)
         node.open_dirs += 1
         node.listed_at = handle.fetched_at
         return fh
@@ -362,12 +405,14 @@ class RucioFs(pyfuse3.Operations):
         # of a version no complete pass has verified yet (a checksum to verify and no
         # verdict). A failed verification leaves INVALID, so the next open drops the pages.
         seen = node.cached_version
-        keep = (self.config.kernel and verifier is None
+        # Per-user mounts never keep pages: what one user read is not another's to see.
+        keep = (self.config.kernel and verifier is None and self.identities is None
                 and (seen == version or (seen is None and entry.immutable)))
         node.cached_version = version if self.config.kernel else None
         stream = self.catalog.data_path.stream(node.path, entry, backend_handle, self.nursery)
         fh = self._new_fh()
-        self._files[fh] = _FileHandle(node, entry, backend_handle, verifier, stream)
+        self._files[fh] = _FileHandle(node, entry, backend_handle, verifier, stream,
+                                      catalog=self.catalog)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     @fuse_op
@@ -831,9 +876,14 @@ class RucioFs(pyfuse3.Operations):
 
     # -- cache control ---------------------------------------------------------------------
 
+    def catalogs(self) -> list[Catalog]:
+        """Every catalog of the mount (a per-user mount: one per user and credential)."""
+        return [self._catalog] if self.identities is None else self.identities.catalogs()
+
     def drop_caches(self, layers: Sequence[str]) -> None:
         """Drop user-space layers now; the kernel layer needs :meth:`drop_kernel_cache`."""
-        self.catalog.drop(layers)
+        for catalog in self.catalogs():
+            catalog.drop(layers)
         if "metadata" in layers:
             for node in self.inodes:
                 node.fetched_at = 0.0

@@ -103,13 +103,19 @@ def _check_sendable(url: str) -> None:
 
 def tls_context(ca: str | None = None, cert: str | None = None,
                 key: str | None = None) -> ssl.SSLContext:
-    """Verifying TLS context: system CAs, or ``ca`` (a PEM file or a hashed directory)."""
+    """Verifying TLS context: system CAs, or ``ca`` (a PEM file or a hashed directory), with
+    the client certificate ``cert`` (and ``key``) when given: PermissionDenied when it cannot
+    be used (not PEM, a key that does not match, gone)."""
     if ca and os.path.isdir(ca):
         ctx = ssl.create_default_context(capath=ca)
     else:
         ctx = ssl.create_default_context(cafile=ca)
     if cert:
-        ctx.load_cert_chain(cert, key)
+        try:
+            ctx.load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as exc:
+            reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+            raise PermissionDenied(f"the client certificate cannot be used ({reason})") from None
     return ctx
 
 

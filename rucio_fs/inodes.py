@@ -93,8 +93,9 @@ class InodeTable:
             self._by_ino[inode.ino] = inode
             parent.children[name] = inode
         if inode.entry is not entry:
+            if inode.entry != entry:  # an equal one (another user's listing) keeps its attrs
+                inode.attrs = None
             inode.entry = entry
-            inode.attrs = None
         inode.fetched_at = now
         inode.lookups += 1
         return inode

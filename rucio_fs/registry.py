@@ -41,6 +41,11 @@ def load(scheme: str) -> type[Backend]:
 
 def open_backend(url: str) -> Backend:
     """The backend for ``url`` (not yet started); InvalidInput with a one-line reason."""
+    return backend_class(url).from_url(url)
+
+
+def backend_class(url: str) -> type[Backend]:
+    """The backend class of ``url``'s scheme; InvalidInput with a one-line reason."""
     if "://" not in url:
         raise InvalidInput(f"malformed URL {url!r}: expected SCHEME://... (e.g. demo://)")
     try:
@@ -49,4 +54,4 @@ def open_backend(url: str) -> Backend:
         raise InvalidInput(f"malformed URL {url!r}: {exc}") from None
     if not scheme:
         raise InvalidInput(f"malformed URL {url!r}: missing scheme")
-    return load(scheme.lower()).from_url(url)
+    return load(scheme.lower())

@@ -79,6 +79,12 @@ def to_table(snap: Mapping[str, Any]) -> str:
         if values:
             lines.append("")
             lines.append(f"{section}: " + ", ".join(f"{k}={v}" for k, v in sorted(values.items())))
+    identities = snap.get("identities") or {}
+    if identities:  # a per-user mount: counters per local uid
+        lines.append("")
+        lines.append("identities (uid): " + "; ".join(
+            f"{uid} " + ", ".join(f"{k}={v}" for k, v in sorted(c.items()))
+            for uid, c in identities.items()))
     config = snap.get("config", {})
     if config:
         lines += ["", "config: " + ", ".join(f"{k}={_value(v)}" for k, v in config.items())]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 #: The modules that own a backend's lifecycle or are the door itself.
-DOOR = {"catalog.py", "daemon.py", "registry.py", "backend.py"}
+DOOR = {"catalog.py", "daemon.py", "registry.py", "backend.py", "identities.py"}
 
 
 def _tree(path: Path) -> ast.AST:
@@ -44,8 +44,8 @@ def test_the_core_never_names_a_backend_and_backends_never_touch_pyfuse3():
 
 
 #: The core modules a backend (built-in or plugin) may import: the plugin API (docs/plugins.md).
-PLUGIN_API = {"rucio_fs.backend", "rucio_fs.errors", "rucio_fs.http", "rucio_fs.options",
-              "rucio_fs.tasks"}
+PLUGIN_API = {"rucio_fs.backend", "rucio_fs.errors", "rucio_fs.http", "rucio_fs.identity",
+              "rucio_fs.options", "rucio_fs.tasks"}
 
 
 def test_backends_use_only_the_plugin_api():

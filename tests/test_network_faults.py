@@ -22,9 +22,12 @@ def storage_proxy(rucio_server):
 
 def mount_through(mount_fs, rucio_server, proxy, dataset: str, *options: str,
                   timeout: str = "1s"):
-    """A mount of ``dataset`` whose storage reads all go through ``proxy``."""
+    """A mount of ``dataset`` whose storage reads all go through ``proxy``. Reads follow the
+    replica catalog (no guessed first reads: those are tested under faults in
+    test_rucio_first_byte.py), so each read here meets the faults through the reader's
+    retries."""
     storage = f"http://127.0.0.1:{rucio_server.env['DAV_HTTP']}/"
-    url = (f"rucio:///bench/{dataset}?schemes=http&timeout={timeout}"
+    url = (f"rucio:///bench/{dataset}?schemes=http&timeout={timeout}&speculate=off"
            f"&redirect={storage}={proxy.url}/")
     return mount_fs(url, *options)
 

@@ -60,11 +60,12 @@ from rucio_fs.errors import (
     Unavailable,
 )
 from rucio_fs.http import ApiClient, RangeReader, RetryPolicy, client_counters, tls_context
+from rucio_fs.identity import CallerCredentials, caller_source
 from rucio_fs.tasks import open_nursery
 
 from .auth import IrodsAuth
 from .query import Dialect, Folder, Pager, coll_query, data_query, literal, version_of
-from .settings import KNOWN_VERSIONS, IrodsSettings, parse_url
+from .settings import CREDENTIAL_ENV, KNOWN_VERSIONS, IrodsSettings, parse_url
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,15 @@ class IrodsBackend(Backend):
     @classmethod
     def from_url(cls, url: str) -> IrodsBackend:
         return cls(parse_url(url))
+
+    credential_env: ClassVar[tuple[str, ...]] = CREDENTIAL_ENV
+
+    @classmethod
+    def for_caller(cls, url: str, credentials: CallerCredentials) -> IrodsBackend:
+        """The caller's ``~/.irods/irods_environment.json`` (or ``IRODS_ENVIRONMENT_FILE``),
+        its ``IRODS_PASSWORD`` / ``IRODS_HTTP_API_TOKEN``, or the URL's ``password_file`` /
+        ``token_file`` (``~`` is the caller's home), all read as the caller."""
+        return cls(parse_url(url, caller_source(credentials)))
 
     # -- lifecycle --------------------------------------------------------------------------
 

@@ -24,10 +24,10 @@ import json
 import os
 import posixpath
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from rucio_fs.errors import InvalidInput
+from rucio_fs.errors import InvalidInput, MissingCredentials, NotFound
+from rucio_fs.identity import Source, own_source
 from rucio_fs.options import parse_duration, parse_size, url_options
 
 OPTIONS = ("api_path", "tls", "ca", "password_file", "token_file", "timeout", "part_size",
@@ -62,16 +62,21 @@ class IrodsSettings:
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
 
-def environment_file() -> Path:
-    return Path(os.environ.get("IRODS_ENVIRONMENT_FILE")
-                or Path.home() / ".irods" / "irods_environment.json")
+#: What a caller's environment may say about its iRODS credentials (per-user mounts).
+CREDENTIAL_ENV = ("IRODS_ENVIRONMENT_FILE", "IRODS_PASSWORD", "IRODS_HTTP_API_TOKEN")
 
 
-def _environment() -> dict[str, object]:
-    path = environment_file()
+def environment_file(source: Source | None = None) -> str:
+    source = source or own_source()
+    return (source.environ.get("IRODS_ENVIRONMENT_FILE")
+            or os.path.join(source.home, ".irods", "irods_environment.json"))
+
+
+def _environment(source: Source) -> dict[str, object]:
+    path = environment_file(source)
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+        data = json.loads(source.read_text(path))
+    except (FileNotFoundError, NotFound):
         return {}
     except (OSError, ValueError) as exc:
         raise InvalidInput(f"{path}: {exc}") from None
@@ -80,60 +85,68 @@ def _environment() -> dict[str, object]:
     return data
 
 
-def _read_secret(path: str, what: str) -> str:
+def _read_secret(path: str, what: str, source: Source) -> str:
     try:
-        text = Path(path).expanduser().read_text().strip()
+        text = source.read_text(source.expand(path)).strip()
     except OSError as exc:
         raise InvalidInput(f"{what} {path}: {exc.strerror}") from None
+    except NotFound:
+        raise MissingCredentials(f"{what} {path} does not exist") from None
     if not text:
         raise InvalidInput(f"{what} {path} is empty")
     return text
 
 
-def parse_url(url: str) -> IrodsSettings:
-    """Settings for ``url``; InvalidInput with a one-line reason."""
+def parse_url(url: str, source: Source | None = None) -> IrodsSettings:
+    """Settings for ``url`` from ``source``'s environment and files (default: the daemon's
+    own); InvalidInput (MissingCredentials when only credentials lack) with a one-line
+    reason."""
+    source = source or own_source()
     parts = urlsplit(url)
     if parts.scheme != "irods":
         raise InvalidInput(f"malformed URL {url!r}: expected irods://[USER@]HOST[:PORT]/ZONE/PATH")
     options = url_options(parts.query, OPTIONS, "irods")
-    env = _environment()
+    env = _environment(source)
     try:
         port = parts.port or DEFAULT_PORT
     except ValueError:
         raise InvalidInput(f"malformed port in {url!r}") from None
     host = parts.hostname or str(env.get("irods_host") or "")
     if not host:
-        raise InvalidInput("no host: give irods://HOST/... or irods_host in "
-                           f"{environment_file()}")
+        raise MissingCredentials("no host: give irods://HOST/... or irods_host in "
+                                 f"{environment_file(source)}")
     user = unquote(parts.username or "") or str(env.get("irods_user_name") or "")
     if not user:
-        raise InvalidInput(f"no user: give irods://USER@HOST/... or irods_user_name in "
-                           f"{environment_file()}")
+        raise MissingCredentials(f"no user: give irods://USER@HOST/... or irods_user_name "
+                                 f"in {environment_file(source)}")
     path = unquote(parts.path)
     if path in ("", "/"):
         path = str(env.get("irods_home") or "")
         if not path:
             zone = env.get("irods_zone_name")
             if not zone:
-                raise InvalidInput("no collection: give irods://HOST/ZONE/PATH")
+                raise MissingCredentials("no collection: give irods://HOST/ZONE/PATH")
             path = f"/{zone}/home/{user}"
     if "\0" in path or any(seg in (".", "..") for seg in path.split("/")):
         raise InvalidInput(f"collection {path!r} has a '.' or '..' component or a NUL")
     root = posixpath.normpath("/" + path.strip("/"))
     zone = root.split("/")[1]
     password = token = token_file = None
+    environ = source.environ
     if options.get("token_file"):
         token_file = options["token_file"]
-        token = _read_secret(token_file, "token_file")
-    elif os.environ.get("IRODS_HTTP_API_TOKEN"):
-        token = os.environ["IRODS_HTTP_API_TOKEN"].strip()
+        token = _read_secret(token_file, "token_file", source)
+        token_file = source.localize(source.expand(token_file))
+    elif environ.get("IRODS_HTTP_API_TOKEN"):
+        token = environ["IRODS_HTTP_API_TOKEN"].strip()
     elif options.get("password_file"):
-        password = _read_secret(options["password_file"], "password_file")
-    elif os.environ.get("IRODS_PASSWORD") is not None:
-        password = os.environ["IRODS_PASSWORD"]
+        password = _read_secret(options["password_file"], "password_file", source)
+    elif environ.get("IRODS_PASSWORD") is not None:
+        password = environ["IRODS_PASSWORD"]
     else:
-        raise InvalidInput("no iRODS credentials: set IRODS_PASSWORD or IRODS_HTTP_API_TOKEN, "
-                           "or give -o password_file=PATH or -o token_file=PATH")
+        raise MissingCredentials("no iRODS credentials: set IRODS_PASSWORD or "
+                                 "IRODS_HTTP_API_TOKEN, or give -o password_file=PATH or "
+                                 "-o token_file=PATH")
     api_path = options.get("api_path") or None
     if api_path is not None:
         api_path = "/" + api_path.strip("/")

@@ -28,9 +28,11 @@ REFRESH_MARGIN = 300.0
 DEFAULT_LIFETIME = 3600.0
 
 
-def default_token_file(account: str) -> str:
-    """Where the Rucio CLI keeps the token of ``account`` (``rucio whoami`` leaves one there)."""
-    return f"/tmp/{getpass.getuser()}/.rucio_{account}/auth_token_for_account_{account}"
+def default_token_file(account: str, user: str | None = None) -> str:
+    """Where the Rucio CLI of local ``user`` (default: this process's) keeps the token of
+    ``account`` (``rucio whoami`` leaves one there)."""
+    return (f"/tmp/{user or getpass.getuser()}/.rucio_{account}/"
+            f"auth_token_for_account_{account}")
 
 
 def describe(response: httpx.Response) -> str:

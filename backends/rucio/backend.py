@@ -29,6 +29,7 @@ says. Settings: :mod:`.settings`; tokens: :mod:`.auth`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import re
@@ -45,6 +46,7 @@ from rucio_fs.backend import Backend, Entry, Kind, SharedValues
 from rucio_fs.errors import (
     IntegrityError,
     InvalidInput,
+    MissingCredentials,
     NotFound,
     RucioFsError,
     Unavailable,
@@ -57,10 +59,16 @@ from rucio_fs.http import (
     tls_context,
     url_from_literal,
 )
+from rucio_fs.identity import CallerCredentials, caller_source
 from rucio_fs.tasks import open_nursery
 
-from .auth import RucioAuth, describe
-from .settings import MAX_DIDS_PER_REQUEST, RucioSettings, load_settings
+from .auth import RucioAuth, default_token_file, describe
+from .settings import (
+    CREDENTIAL_ENV,
+    MAX_DIDS_PER_REQUEST,
+    RucioSettings,
+    load_settings,
+)
 from .speculation import Speculator, checksums_match
 
 __all__ = ["MAX_DIDS_PER_REQUEST", "Did", "ReplicaResolver", "RucioBackend"]
@@ -367,9 +375,26 @@ class RucioBackend(Backend):
         self._misses: TTLCache[Did, int] = TTLCache(10_000, REPLICA_TTL)
         self._caching = True
 
+    credential_env: ClassVar[tuple[str, ...]] = CREDENTIAL_ENV
+
     @classmethod
     def from_url(cls, url: str) -> RucioBackend:
         return cls(load_settings(url))
+
+    @classmethod
+    def for_caller(cls, url: str, credentials: CallerCredentials) -> RucioBackend:
+        """The caller's rucio.cfg (``RUCIO_CONFIG``, ``$RUCIO_HOME/etc``, ``$VIRTUAL_ENV/etc``,
+        ``/opt/rucio/etc``), then its environment (``X509_USER_PROXY``, else
+        ``/tmp/x509up_u<uid>``; ``RUCIO_AUTH_TOKEN``, else its token file), then the URL."""
+        settings = load_settings(url, caller_source(credentials))
+        if settings.auth_type == "token" and not settings.token:
+            path = settings.token_file or default_token_file(settings.account,
+                                                             credentials.user)
+            if not credentials.readable(path):
+                raise MissingCredentials(f"auth_type token needs RUCIO_AUTH_TOKEN or a token "
+                                         f"file ({path})")
+            settings = dataclasses.replace(settings, token_file=credentials.private_copy(path))
+        return cls(settings)
 
     async def start(self) -> None:
         await self.auth.headers()  # a bad password fails the mount, not the first ls
@@ -702,8 +727,9 @@ class RucioBackend(Backend):
 
     async def xattrs(self, path: str, entry: Entry) -> Mapping[str, bytes]:
         components = self._components(path)
-        if len(components) < 2:
-            return {"rucio.scope": components[0].encode()} if components else {}
+        if len(components) < 2:  # the account shows whose view a (per-user) mount serves
+            return {"rucio.account": self.settings.account.encode(),
+                    **({"rucio.scope": components[0].encode()} if components else {})}
         did = self._did(components)
         attrs: dict[str, str] = {"rucio.scope": did.scope, "rucio.name": did.name,
                                  "rucio.type": entry.metadata.get("type", "FILE")}

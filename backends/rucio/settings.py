@@ -29,11 +29,13 @@ default 256; 0: none).
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
-from rucio_fs.errors import InvalidInput
+from rucio_fs.errors import InvalidInput, MissingCredentials
+from rucio_fs.identity import Source, own_source
 from rucio_fs.options import parse_duration, parse_size, url_option_values
 
 AUTH_TYPES = ("userpass", "x509", "x509_proxy", "token")
@@ -71,33 +73,42 @@ class RucioSettings:
     replica_batch: int = 256
 
 
-def find_config(explicit: str | None) -> str | None:
+#: What a caller's environment may say about its Rucio credentials (per-user mounts).
+CREDENTIAL_ENV = ("RUCIO_CONFIG", "RUCIO_HOME", "VIRTUAL_ENV", "RUCIO_ACCOUNT", "RUCIO_VO",
+                  "RUCIO_AUTH_TYPE", "RUCIO_CLIENT_CERT", "RUCIO_CLIENT_KEY",
+                  "RUCIO_CLIENT_PROXY", "X509_USER_PROXY", "X509_CERT_DIR", "RUCIO_AUTH_TOKEN")
+
+
+def find_config(explicit: str | None, source: Source | None = None) -> str | None:
     """The rucio.cfg to read: an explicit path must exist; the usual places may not."""
+    source = source or own_source()
     if explicit:
-        if not os.path.isfile(explicit):
+        if not source.exists(explicit):
             raise InvalidInput(f"rucio config {explicit!r} does not exist")
         return explicit
-    named = os.environ.get("RUCIO_CONFIG")
+    named = source.environ.get("RUCIO_CONFIG")
     if named:
-        if not os.path.isfile(named):
+        if not source.exists(named):
             raise InvalidInput(f"RUCIO_CONFIG={named!r} does not exist")
         return named
-    candidates = [os.path.join(os.environ[var], "etc", "rucio.cfg")
-                  for var in ("RUCIO_HOME", "VIRTUAL_ENV") if os.environ.get(var)]
+    candidates = [os.path.join(source.environ[var], "etc", "rucio.cfg")
+                  for var in ("RUCIO_HOME", "VIRTUAL_ENV") if source.environ.get(var)]
     candidates.append("/opt/rucio/etc/rucio.cfg")
-    return next((c for c in candidates if os.path.isfile(c)), None)
+    return next((c for c in candidates if source.exists(c)), None)
 
 
-def _read_client_section(path: str | None) -> dict[str, str]:
+def _read_client_section(path: str | None, source: Source) -> dict[str, str]:
     if path is None:
         return {}
     parser = configparser.ConfigParser(interpolation=None)
     try:
-        parser.read(path)
+        parser.read_string(source.read_text(path), path)
     except configparser.Error as exc:
         first = exc.message.splitlines()[0]
         raise InvalidInput(f"{path}: not a valid rucio.cfg: {first}") from None
-    return {k: os.path.expandvars(os.path.expanduser(v))
+    except OSError as exc:
+        raise InvalidInput(f"{path}: {exc.strerror}") from None
+    return {k: source.expand(v)
             for k, v in parser["client"].items()} if parser.has_section("client") else {}
 
 
@@ -106,20 +117,22 @@ def _host_url(netloc_host: str, port: int | None, api: str) -> str:
     return f"{api}://{host}" + (f":{port}" if port else "")
 
 
-def load_settings(url: str) -> RucioSettings:
-    """Settings for a ``rucio://`` mount URL; InvalidInput with a one-line reason."""
+def load_settings(url: str, source: Source | None = None) -> RucioSettings:
+    """Settings for a ``rucio://`` mount URL, from ``source``'s environment and files;
+    InvalidInput (MissingCredentials when only credentials lack) with a one-line reason."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
         raise InvalidInput(f"malformed rucio URL {url!r}: {exc}") from None
     options = url_option_values(parts.query, OPTIONS, "rucio")
+    source = source or own_source()
 
     def option(key: str) -> str | None:
         return options[key][-1] if key in options else None
 
-    cfg = _read_client_section(find_config(option("config")))
-    env = os.environ
+    cfg = _read_client_section(find_config(option("config"), source), source)
+    env = source.environ
 
     def pick(env_name: str | None, cfg_key: str, default: str = "") -> str:
         if env_name and env.get(env_name):
@@ -135,12 +148,12 @@ def load_settings(url: str) -> RucioSettings:
         rucio_host = cfg.get("rucio_host", "")
         auth_host = cfg.get("auth_host", rucio_host)
     if not rucio_host:
-        raise InvalidInput("no Rucio server: name one in the URL (rucio://HOST/) or set "
-                           "rucio_host in rucio.cfg (RUCIO_CONFIG)")
+        raise MissingCredentials("no Rucio server: name one in the URL (rucio://HOST/) or "
+                                 "set rucio_host in rucio.cfg (RUCIO_CONFIG)")
     account = unquote(parts.username) if parts.username else pick("RUCIO_ACCOUNT", "account")
     if not account:
-        raise InvalidInput("no Rucio account: use rucio://ACCOUNT@.../ or set account in "
-                           "rucio.cfg or RUCIO_ACCOUNT")
+        raise MissingCredentials("no Rucio account: use rucio://ACCOUNT@.../ or set account "
+                                 "in rucio.cfg or RUCIO_ACCOUNT")
     auth_type = option("auth") or pick("RUCIO_AUTH_TYPE", "auth_type", "userpass")
     if auth_type == "oidc":
         auth_type = "token"  # the OIDC flow is interactive: use the token it left behind
@@ -192,27 +205,39 @@ def load_settings(url: str) -> RucioSettings:
         client_cert=pick("RUCIO_CLIENT_CERT", "client_cert"),
         client_key=pick("RUCIO_CLIENT_KEY", "client_key"),
         client_proxy=(env.get("RUCIO_CLIENT_PROXY") or cfg.get("client_x509_proxy")
-                      or env.get("X509_USER_PROXY", "")),
+                      or env.get("X509_USER_PROXY") or f"/tmp/x509up_u{source.uid}"),
         token=env.get("RUCIO_AUTH_TOKEN", ""), token_file=cfg.get("auth_token_file_path", ""),
         ca_cert=pick("X509_CERT_DIR", "ca_cert"),
         root=tuple(p for p in unquote(parts.path).split("/") if p),
         schemes=schemes, rses=tuple(r for r in (option("rses") or "").split(",") if r),
         local=tuple(local), redirect=tuple(redirect), timeout=timeout, speculate=speculate,
         speculate_max=speculate_max, speculate_hedge=hedge, replica_batch=replica_batch)
-    _check_credentials(settings)
-    return settings
+    _check_credentials(settings, source)
+    if source.own:
+        return settings
+    # The files the credentials are in, as copies the daemon may open (read as the caller).
+    return dataclasses.replace(settings, **{
+        name: source.localize(getattr(settings, name))
+        for name in _CREDENTIAL_FILES[settings.auth_type]})
 
 
-def _check_credentials(s: RucioSettings) -> None:
+#: The settings naming a credential file, per auth type.
+_CREDENTIAL_FILES = {"userpass": (), "x509": ("client_cert", "client_key"),
+                     "x509_proxy": ("client_proxy",), "token": ()}
+
+
+def _check_credentials(s: RucioSettings, source: Source) -> None:
     """Fail before mounting when the chosen auth type lacks what it needs."""
     if s.auth_type == "userpass" and not (s.username and s.password):
-        raise InvalidInput("auth_type userpass needs username and password in rucio.cfg")
+        raise MissingCredentials("auth_type userpass needs username and password in "
+                                 "rucio.cfg")
     if s.auth_type == "x509":
         for what, path in (("client_cert", s.client_cert), ("client_key", s.client_key)):
-            if not path or not os.path.isfile(path):
-                raise InvalidInput(f"auth_type x509 needs a readable {what} (got {path!r})")
-    if s.auth_type == "x509_proxy" and not (s.client_proxy and os.path.isfile(s.client_proxy)):
-        raise InvalidInput(f"auth_type x509_proxy needs X509_USER_PROXY or client_x509_proxy "
-                           f"to name a file (got {s.client_proxy!r})")
+            if not path or not source.exists(path):
+                raise MissingCredentials(f"auth_type x509 needs a readable {what} "
+                                         f"(got {path!r})")
+    if s.auth_type == "x509_proxy" and not (s.client_proxy and source.exists(s.client_proxy)):
+        raise MissingCredentials(f"auth_type x509_proxy needs X509_USER_PROXY or "
+                                 f"client_x509_proxy to name a file (got {s.client_proxy!r})")
     if s.ca_cert and not os.path.exists(s.ca_cert):
         raise InvalidInput(f"ca_cert {s.ca_cert!r} does not exist")

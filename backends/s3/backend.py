@@ -50,6 +50,7 @@ from rucio_fs.backend import Backend, Capability, Entry, Kind, check_confirmed
 from rucio_fs.errors import (
     CrossDevice,
     InvalidInput,
+    MissingCredentials,
     NoSuchAttribute,
     NotEmpty,
     NotFound,
@@ -61,6 +62,7 @@ from rucio_fs.errors import (
     Unconfirmed,
 )
 from rucio_fs.http import ApiClient, RangeReader, client_counters, quote_path, tls_context
+from rucio_fs.identity import CallerCredentials, caller_source
 from rucio_fs.tasks import open_nursery
 
 from .pages import (
@@ -74,7 +76,7 @@ from .pages import (
     result,
     xml_safe,
 )
-from .settings import S3Settings, parse_url
+from .settings import CREDENTIAL_ENV, S3Settings, caller_aws_file, parse_url
 from .signing import SigV4
 from .upload import MultipartUpload, content_md5, md5, md5_of
 
@@ -153,11 +155,44 @@ class S3Backend(Backend):
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    credential_env: ClassVar[tuple[str, ...]] = CREDENTIAL_ENV
+
+    @classmethod
+    def for_caller(cls, url: str, credentials: CallerCredentials) -> S3Backend:
+        """The caller's ``AWS_*`` variables, then its ``~/.aws/credentials`` and
+        ``~/.aws/config`` (or ``AWS_SHARED_CREDENTIALS_FILE`` / ``AWS_CONFIG_FILE``), read as
+        the caller; never the machine's instance or container role (that is the node's
+        identity, not the user's)."""
+        import botocore.configloader
+        import botocore.credentials as providers
+
+        source = caller_source(credentials)
+        backend = cls(parse_url(url, source))
+        if backend.settings.anonymous:
+            return backend
+        profile = backend.settings.profile or "default"
+        chain: list[Any] = [providers.EnvProvider(environ=dict(source.environ))]
+        shared = caller_aws_file(source, "credentials")
+        if shared is not None:
+            chain.append(providers.SharedCredentialProvider(shared, profile_name=profile))
+        config = caller_aws_file(source, "config")
+        if config is not None:
+            chain.append(providers.ConfigProvider(config, profile_name=profile,
+                                                  config_parser=botocore.configloader.
+                                                  raw_config_parse))
+        found = providers.CredentialResolver(chain).load_credentials()
+        if found is None:
+            raise MissingCredentials(f"uid {credentials.uid} has no AWS credentials "
+                                     "(AWS_ACCESS_KEY_ID, ~/.aws/credentials or ~/.aws/config)")
+        backend._credentials = found
+        return backend
+
     async def start(self) -> None:
         settings = self.settings
         signer = None
         if not settings.anonymous:
-            self._credentials = await trio.to_thread.run_sync(self._find_credentials)
+            if self._credentials is None:
+                self._credentials = await trio.to_thread.run_sync(self._find_credentials)
             signer = SigV4(self._credentials, settings.region)
         ca = os.environ.get("AWS_CA_BUNDLE") or None
         context = tls_context(ca)

@@ -17,12 +17,12 @@ files with profiles, SSO, container and instance roles); they are never logged.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
 from rucio_fs.errors import InvalidInput
+from rucio_fs.identity import Source, own_source
 from rucio_fs.options import parse_duration, parse_size, url_options
 
 OPTIONS = ("endpoint_url", "region", "profile", "addressing", "timeout", "part_size",
@@ -46,8 +46,9 @@ class S3Settings:
     anonymous: bool = False
 
 
-def parse_url(url: str) -> S3Settings:
-    """Settings for ``url``; InvalidInput with a one-line reason."""
+def parse_url(url: str, source: Source | None = None) -> S3Settings:
+    """Settings for ``url`` from ``source``'s environment and AWS files (default: the
+    daemon's own); InvalidInput with a one-line reason."""
     parts = urlsplit(url)
     bucket = parts.netloc
     if not bucket:
@@ -58,12 +59,14 @@ def parse_url(url: str) -> S3Settings:
     if prefix and any(seg in ("", ".", "..") for seg in prefix.split("/")):
         raise InvalidInput(f"prefix {prefix!r} has an empty, '.' or '..' component")
     options = url_options(parts.query, OPTIONS, "s3")
-    profile = options.get("profile") or os.environ.get("AWS_PROFILE") or None
-    config = _profile_config(profile)
-    endpoint = (options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3")
-                or os.environ.get("AWS_ENDPOINT_URL") or config.get("endpoint_url") or "")
-    region = (options.get("region") or os.environ.get("AWS_REGION")
-              or os.environ.get("AWS_DEFAULT_REGION") or config.get("region") or "us-east-1")
+    source = source or own_source()
+    environ = source.environ
+    profile = options.get("profile") or environ.get("AWS_PROFILE") or None
+    config = _profile_config(profile) if source.own else _caller_profile(profile, source)
+    endpoint = (options.get("endpoint_url") or environ.get("AWS_ENDPOINT_URL_S3")
+                or environ.get("AWS_ENDPOINT_URL") or config.get("endpoint_url") or "")
+    region = (options.get("region") or environ.get("AWS_REGION")
+              or environ.get("AWS_DEFAULT_REGION") or config.get("region") or "us-east-1")
     if endpoint:
         endpoint_parts = urlsplit(endpoint)
         if endpoint_parts.scheme not in ("http", "https") or not endpoint_parts.hostname:
@@ -100,3 +103,33 @@ def _profile_config(profile: str | None) -> dict[str, str]:
         return {k: v for k, v in session.get_scoped_config().items() if isinstance(v, str)}
     except Exception as exc:  # botocore.exceptions.ProfileNotFound and config parse errors
         raise InvalidInput(f"AWS configuration: {exc}") from None
+
+
+#: What a caller's environment may say about its AWS credentials (per-user mounts).
+CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                  "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE",
+                  "AWS_CONFIG_FILE", "AWS_REGION", "AWS_DEFAULT_REGION",
+                  "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+def caller_aws_file(source: Source, kind: str) -> str | None:
+    """A private copy of the caller's AWS ``credentials`` or ``config`` file (read as the
+    caller), or None when it has none."""
+    variable = "AWS_SHARED_CREDENTIALS_FILE" if kind == "credentials" else "AWS_CONFIG_FILE"
+    path = source.expand(source.environ.get(variable) or f"~/.aws/{kind}")
+    return source.localize(path) if source.exists(path) else None
+
+
+def _caller_profile(profile: str | None, source: Source) -> dict[str, str]:
+    """The named (or default) profile's settings from the caller's AWS config file."""
+    import botocore.configloader
+
+    path = caller_aws_file(source, "config")
+    if path is None:
+        return {}
+    try:
+        profiles = botocore.configloader.load_config(path).get("profiles", {})
+    except Exception as exc:  # botocore's parse errors
+        raise InvalidInput(f"AWS configuration of uid {source.uid}: {exc}") from None
+    section = profiles.get(profile or "default", {})
+    return {k: v for k, v in section.items() if isinstance(v, str)}

@@ -207,6 +207,9 @@ def main() -> None:
     for rse in ("DAV", "DEAD"):
         client.set_local_account_limit("root", rse, -1)
     client.add_identity("root", "/CN=rucio-fs-test-user", "X509", "user@localhost")
+    # A second account for per-user mounts (tests/test_per_user.py).
+    client.add_account("alice", "USER", "alice@localhost")
+    client.add_identity("alice", "alice", "USERPASS", "alice@localhost", password="alicepw")
     client.add_scope("root", "bench")
     client.add_scope("root", "other")
     lap("rse and scopes")

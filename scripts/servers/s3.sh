@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Real S3 servers on 127.0.0.1 for tests and benchmarks:
 #   versitygw v1.8.0 (posix backend, with HTTP keep-alive as real S3 has: off by default in
-#   versitygw, which then closes every connection) — the main server, fast and strict;
+#   versitygw, which then closes every connection; internal IAM for accounts besides the
+#   root one, made with `$VGW_BIN admin`) — the main server, fast and strict;
 #   moto server (pip, in the project's venv) — keeps every key exactly as written (a//b, x/../y,
 #   an object k beside k/child), which a posix-backed server normalises or refuses.
 #
@@ -38,8 +39,11 @@ wait_http() {  # wait_http URL: until anything answers (an S3 error is an answer
 start_gw() {
   # shellcheck disable=SC1091
   . "$BASE/server.env"
+  # --iam-dir: accounts besides the root one (per-user tests make users owning a bucket).
+  mkdir -p "$BASE/vgw-iam"
   ROOT_ACCESS_KEY_ID=$ACCESS ROOT_SECRET_ACCESS_KEY=$SECRET \
-    setsid "$VGW" --port "127.0.0.1:$VGW_PORT" --quiet --keep-alive posix "$BASE/vgw-data" \
+    setsid "$VGW" --port "127.0.0.1:$VGW_PORT" --quiet --keep-alive --iam-dir "$BASE/vgw-iam" \
+    posix "$BASE/vgw-data" \
     >>"$BASE/versitygw.log" 2>&1 &
   echo $! >"$BASE/versitygw.pid"
   wait_http "http://127.0.0.1:$VGW_PORT/"
@@ -81,6 +85,7 @@ AWS_ACCESS_KEY_ID=$ACCESS
 AWS_SECRET_ACCESS_KEY=$SECRET
 AWS_REGION=us-east-1
 VGW_DATA=$BASE/vgw-data
+VGW_BIN=$VGW
 EOF
 start_gw
 setsid "$PY" -m moto.server -H 127.0.0.1 -p "$MOTO_PORT" >>"$BASE/moto.log" 2>&1 &

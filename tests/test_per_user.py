@@ -1,0 +1,259 @@
+"""One mount, many users (``--identity per-user``), through the kernel, against real servers.
+
+Local users are made for the tests (and removed afterwards); each runs its commands as
+itself with its own credentials in its own environment and home. The daemon itself runs with
+the test session's credentials in its environment (``RUCIO_CONFIG``, ``IRODS_PASSWORD``):
+a user without credentials of its own must still get EACCES, never those.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import RUCIO_FS, adler32, run_cli
+
+from rucio_fs.mounts import find_mount
+
+USERS = ("rfs-pu-a", "rfs-pu-b", "rfs-pu-c", "rfs-pu-d", "rfs-pu-e")
+
+
+@pytest.fixture(scope="module")
+def users() -> Iterator[dict[str, pwd.struct_passwd]]:
+    """Local users with homes of their own, removed when the module ends."""
+    for name in USERS:
+        subprocess.run(["userdel", "-r", "-f", name], capture_output=True)
+        subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True,
+                       capture_output=True)
+    try:
+        yield {name: pwd.getpwnam(name) for name in USERS}
+    finally:
+        for name in USERS:
+            subprocess.run(["userdel", "-r", "-f", name], capture_output=True)
+
+
+@pytest.fixture
+def per_user_mount() -> Iterator:
+    """``mount(url, *options)``: a per-user mount on a mountpoint every user can reach."""
+    base = Path(tempfile.mkdtemp(prefix="rucio-fs-per-user-"))
+    base.chmod(0o755)
+    mounted: list[Path] = []
+
+    def mount(url: str, *options: str) -> tuple[Path, Path]:
+        path = base / f"m{len(mounted)}"
+        path.mkdir()
+        path.chmod(0o755)
+        log = base / f"m{len(mounted)}.log"
+        run_cli("mount", url, str(path), "--allow-other", "--identity", "per-user",
+                "--log-file", str(log), *options, check=True)
+        mounted.append(path)
+        return path, log
+
+    yield mount
+    for path in mounted:
+        if find_mount(str(path)) is not None:
+            result = run_cli("unmount", str(path))
+            if result.returncode != 0:
+                subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def as_user(user: pwd.struct_passwd, *command: str, env: dict[str, str] | None = None,
+            text: bool = True) -> subprocess.CompletedProcess:
+    """``command`` run as ``user`` (its uid, gid and groups) with only ``env`` set."""
+    return subprocess.run(list(command), user=user.pw_uid, group=user.pw_gid,
+                          extra_groups=os.getgrouplist(user.pw_name, user.pw_gid),
+                          env={"PATH": "/usr/bin:/bin", "HOME": user.pw_dir, **(env or {})},
+                          cwd="/", capture_output=True, text=text, timeout=60)
+
+
+def owned_file(user: pwd.struct_passwd, path: Path, data: str | bytes, mode: int = 0o600):
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    os.chown(path, user.pw_uid, user.pw_gid)
+    path.chmod(mode)
+    return path
+
+
+def rucio_cfg(server, user: pwd.struct_passwd, **client: str) -> Path:
+    """A rucio.cfg in ``user``'s home: the server's, with ``client`` settings replaced."""
+    lines = []
+    for line in Path(server.env["RUCIO_CONFIG"]).read_text().splitlines():
+        key = line.split("=", 1)[0].strip()
+        if key not in client:
+            lines.append(line)
+        if line.strip() == "[client]":
+            lines += [f"{k} = {v}" for k, v in client.items()]
+    return owned_file(user, Path(user.pw_dir) / "rucio.cfg", "\n".join(lines) + "\n")
+
+
+def account_of(user, path: Path, env: dict[str, str]) -> str:
+    result = as_user(user, "getfattr", "--only-values", "-n", "user.rucio.account", str(path),
+                     env=env)
+    return result.stdout if result.returncode == 0 else f"error: {result.stderr.strip()}"
+
+
+# -- Rucio ---------------------------------------------------------------------------------
+
+def test_each_rucio_user_reads_as_its_own_account(rucio_server, users, per_user_mount):
+    a, b, e = users["rfs-pu-a"], users["rfs-pu-b"], users["rfs-pu-e"]
+    env_a = {"RUCIO_CONFIG": str(rucio_cfg(rucio_server, a))}  # account root
+    env_b = {"RUCIO_CONFIG": str(rucio_cfg(rucio_server, b, username="alice",
+                                           password="alicepw", account="alice"))}
+    mnt, log = per_user_mount("rucio:///bench", "--xattrs")
+    assert account_of(a, mnt, env_a) == "root"
+    assert account_of(b, mnt, env_b) == "alice"
+    f = rucio_server.catalog["ds500"][7]
+    for user, env in ((a, env_a), (b, env_b)):
+        result = as_user(user, "cat", str(mnt / "ds500" / f["name"]), env=env, text=False)
+        assert result.returncode == 0 and adler32(result.stdout) == f["adler32"]
+    # A user with no credentials of its own gets EACCES, never the daemon's (it has some).
+    result = as_user(e, "ls", str(mnt), env={})
+    assert result.returncode != 0 and "Permission denied" in result.stderr
+    assert f"uid {e.pw_uid}: no usable credentials" in log.read_text()
+    # Credentials unchanged: a later process of the user, past the recheck, logs in no
+    # more (its first process, whose root the files were found under, is gone).
+    logins = rucio_server.access_log_lines("GET /auth/userpass")
+    time.sleep(2.5)
+    assert account_of(a, mnt, env_a) == "root"
+    assert rucio_server.access_log_lines("GET /auth/userpass") == logins
+    stats = json.loads(run_cli("stats", str(mnt), "--format", "json", check=True).stdout)
+    assert stats["identities"][str(a.pw_uid)]["catalogs"] == 1
+    assert {str(a.pw_uid), str(b.pw_uid), str(e.pw_uid)} <= set(stats["identities"])
+    assert stats["identities"][str(e.pw_uid)]["refused"] >= 1
+    text = log.read_text()
+    assert "alicepw" not in text and "secret" not in text  # no password is ever logged
+
+
+def test_a_renewed_proxy_is_picked_up_and_an_unreadable_one_refused(rucio_server, users,
+                                                                   per_user_mount):
+    c, d = users["rfs-pu-c"], users["rfs-pu-d"]
+    env = rucio_server.env
+    proxy = owned_file(c, Path(c.pw_dir) / "x509up", "not a certificate\n")
+    env_c = {"RUCIO_CONFIG": str(rucio_cfg(rucio_server, c, auth_type="x509_proxy",
+                                           auth_host=env["AUTH_TLS_URL"])),
+             "X509_USER_PROXY": str(proxy)}
+    mnt, log = per_user_mount("rucio:///bench")
+    result = as_user(c, "ls", str(mnt / "ds500"), env=env_c)
+    assert result.returncode != 0 and "Permission denied" in result.stderr
+    assert "Traceback" not in log.read_text()
+    # The proxy is renewed in place: the next requests use it, without a remount.
+    owned_file(c, proxy, Path(env["USER_PROXY"]).read_bytes())
+    listed = None
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        listed = as_user(c, "ls", str(mnt / "ds500"), env=env_c)
+        if listed.returncode == 0:
+            break
+        time.sleep(0.5)
+    assert listed is not None and listed.returncode == 0, listed.stderr
+    assert len(listed.stdout.split()) == 500
+    # A proxy the user cannot read is refused, though the daemon (root) could read it.
+    root_only = Path(tempfile.mkdtemp(prefix="rucio-fs-proxy-")) / "x509up"
+    root_only.write_bytes(Path(env["USER_PROXY"]).read_bytes())
+    root_only.chmod(0o600)
+    root_only.parent.chmod(0o755)
+    try:
+        env_d = {**env_c, "RUCIO_CONFIG": str(rucio_cfg(rucio_server, d,
+                                                         auth_type="x509_proxy",
+                                                         auth_host=env["AUTH_TLS_URL"])),
+                 "X509_USER_PROXY": str(root_only)}
+        result = as_user(d, "ls", str(mnt / "ds500"), env=env_d)
+        assert result.returncode != 0 and "Permission denied" in result.stderr
+        assert f"uid {d.pw_uid} cannot read its credential file {root_only}" in log.read_text()
+    finally:
+        shutil.rmtree(root_only.parent)
+
+
+def test_per_user_needs_allow_other_and_refuses_shared_layers(rucio_server, tmp_path):
+    for extra, message in ((["--identity", "per-user"], "needs --allow-other"),
+                           (["--identity", "per-user", "--allow-other", "--cache-dir",
+                             str(tmp_path)], "cannot be combined with --cache-dir")):
+        result = subprocess.run([*RUCIO_FS, "mount", "rucio:///bench", str(tmp_path), *extra],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode != 0
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# -- iRODS -----------------------------------------------------------------------------------
+
+def test_each_irods_user_sees_what_its_grants_allow(irods_server, users, per_user_mount):
+    irods_server.require_fake()
+    from rucio_fs.testing.irods_fake import OTHER, OTHER_PASSWORD, PASSWORD, USER
+
+    a, b = users["rfs-pu-a"], users["rfs-pu-b"]
+    private = irods_server.collection("private")
+    irods_server.write(f"{private}/mine.dat", b"alice's data")
+    host, port = irods_server.netloc.split(":")
+    envs = {}
+    for user, irods_user, password in ((a, USER, PASSWORD), (b, OTHER, OTHER_PASSWORD)):
+        home = Path(user.pw_dir) / ".irods"
+        home.mkdir(exist_ok=True)
+        os.chown(home, user.pw_uid, user.pw_gid)
+        owned_file(user, home / "irods_environment.json", json.dumps(
+            {"irods_host": host, "irods_port": int(port), "irods_user_name": irods_user,
+             "irods_zone_name": irods_server.zone}))
+        envs[user.pw_name] = {"IRODS_PASSWORD": password}
+    api_path = "/" + "/".join(irods_server.api.split("/")[3:])
+    mnt, _ = per_user_mount(f"irods://{irods_server.netloc}/{irods_server.zone}/home"
+                              f"?api_path={api_path}")
+    mine = mnt / USER / private.rsplit("/", 1)[1] / "mine.dat"
+    result = as_user(a, "cat", str(mine), env=envs[a.pw_name])
+    assert result.returncode == 0 and result.stdout == "alice's data"
+    result = as_user(b, "cat", str(mine), env=envs[b.pw_name])
+    assert result.returncode != 0 and result.stdout == ""
+    assert "Permission denied" in result.stderr or "No such file" in result.stderr
+    # Writing is refused on a per-user mount (read-only for now).
+    result = as_user(a, "sh", "-c", f"echo x > {mnt / USER / 'new.txt'}", env=envs[a.pw_name])
+    assert result.returncode != 0 and "Read-only file system" in result.stderr
+
+
+# -- S3 ----------------------------------------------------------------------------------------
+
+def test_each_s3_user_reads_only_what_its_account_may(s3_server, users, per_user_mount):
+    import uuid
+
+    import botocore.session
+
+    env = s3_server.env
+    endpoint = env["VGW_ENDPOINT"]
+    admin = [env["VGW_BIN"], "admin", "-a", env["AWS_ACCESS_KEY_ID"], "-s",
+             env["AWS_SECRET_ACCESS_KEY"], "--er", endpoint]
+    a, b, e = users["rfs-pu-a"], users["rfs-pu-b"], users["rfs-pu-e"]
+    tag = uuid.uuid4().hex[:8]
+    keys = {user.pw_name: (f"pu-{tag}-{i}", f"secret-{tag}-{i}") for i, user in enumerate((a, b))}
+    for access, secret in keys.values():
+        subprocess.run([*admin, "create-user", "--access", access, "--secret", secret,
+                        "--role", "user"], check=True, capture_output=True)
+    bucket = f"pu-{tag}"
+    subprocess.run([*admin, "create-bucket", "--owner", keys[a.pw_name][0], "--bucket", bucket],
+                   check=True, capture_output=True)
+    owner = botocore.session.get_session().create_client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id=keys[a.pw_name][0], aws_secret_access_key=keys[a.pw_name][1])
+    owner.put_object(Bucket=bucket, Key="run/data.txt", Body=b"a's data")
+    # a keeps its key in ~/.aws/credentials (read as a), b in its environment.
+    aws = Path(a.pw_dir) / ".aws"
+    aws.mkdir(exist_ok=True)
+    os.chown(aws, a.pw_uid, a.pw_gid)
+    access, secret = keys[a.pw_name]
+    owned_file(a, aws / "credentials", f"[default]\naws_access_key_id = {access}\n"
+               f"aws_secret_access_key = {secret}\n")
+    env_b = {"AWS_ACCESS_KEY_ID": keys[b.pw_name][0],
+             "AWS_SECRET_ACCESS_KEY": keys[b.pw_name][1]}
+    mnt, log = per_user_mount(f"s3://{bucket}", "-o", f"endpoint_url={endpoint}")
+    result = as_user(a, "cat", str(mnt / "run" / "data.txt"))
+    assert result.returncode == 0 and result.stdout == "a's data", result.stderr
+    for user, user_env in ((b, env_b), (e, {})):  # another account; no credentials at all
+        result = as_user(user, "cat", str(mnt / "run" / "data.txt"), env=user_env)
+        assert result.returncode != 0 and "Permission denied" in result.stderr
+        assert result.stdout == ""
+    text = log.read_text()
+    assert keys[a.pw_name][1] not in text and keys[b.pw_name][1] not in text
