@@ -110,6 +110,7 @@ def main() -> int:
                     for name, m in mounts.items():
                         warm[name].append(max(at_once(
                             who, ["ls", "-l", str(m.path / "ds10000")])))
+                for _ in range(args.repeat):  # after the warm series: drops empty the caches
                     for name, m in mounts.items():
                         m.drop()
                         time.sleep(0.2)  # the kernel's forgets of the dropped inodes

@@ -364,8 +364,10 @@ class RucioFs(pyfuse3.Operations):
                 if dirty is not None:
                     entry = dirty.entry()
             child = children.get(entry.name)
-            if child is not None and child.entry is entry and child.attrs is not None:
-                # Warm path: the kernel already knows this very entry and its attributes.
+            if child is not None and child.attrs is not None and (
+                    child.entry is entry or child.entry == entry):
+                # Warm path: the kernel already knows this entry and its attributes (an
+                # equal one: another user's listing on a per-user mount).
                 child.lookups += 1
                 child.fetched_at = now
                 attrs = child.attrs

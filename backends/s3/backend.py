@@ -123,6 +123,11 @@ class _ReadHandle:
     signed_at: float
 
 
+#: When this process started: the time of directories (prefixes have none), the same for
+#: every backend of the daemon (a per-user mount's users see the same attributes).
+STARTED_NS = time.time_ns()
+
+
 class S3Backend(Backend):
     scheme: ClassVar[str] = "s3"
     description: ClassVar[str] = "S3 buckets (AWS and compatible servers), read-write"
@@ -135,7 +140,7 @@ class S3Backend(Backend):
         self.single_put_max = self.upload_part_size = settings.part_size
         self.counters_extra: Counter[str] = Counter()
         self._credentials: Any = None
-        self._started_ns = time.time_ns()
+        self._started_ns = STARTED_NS
         endpoint = urlsplit(settings.endpoint_url)
         if settings.path_style:
             self._base = settings.endpoint_url
