@@ -194,6 +194,9 @@ class RucioFs(pyfuse3.Operations):
         if config.kernel:
             self._entry_ttl, self._attr_ttl = config.kernel_ttl, config.kernel_ttl
             self._immutable_ttl, self._negative_ttl = config.immutable_ttl, config.negative_ttl
+            if identities is not None:
+                # The kernel's entries serve every user: none outlives the ordinary TTL.
+                self._immutable_ttl = min(self._immutable_ttl, config.kernel_ttl)
         else:
             self._entry_ttl = self._attr_ttl = self._immutable_ttl = self._negative_ttl = 0.0
 

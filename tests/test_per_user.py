@@ -257,3 +257,56 @@ def test_each_s3_user_reads_only_what_its_account_may(s3_server, users, per_user
         assert result.stdout == ""
     text = log.read_text()
     assert keys[a.pw_name][1] not in text and keys[b.pw_name][1] not in text
+
+
+# -- finding a caller's credentials (in-process) --------------------------------------------
+
+def test_only_declared_variables_of_the_callers_own_process_are_kept(users, tmp_path):
+    from rucio_fs.identity import Caller, CallerCredentials
+
+    a = users["rfs-pu-a"]
+    proc = subprocess.Popen(["sleep", "30"], user=a.pw_uid, group=a.pw_gid,
+                            env={"X509_USER_PROXY": "/p", "UNRELATED_SECRET": "s"})
+    try:
+        mine = CallerCredentials.of(Caller(a.pw_uid, a.pw_gid, proc.pid),
+                                    ("X509_USER_PROXY", "RUCIO_ACCOUNT"), str(tmp_path))
+        assert dict(mine.environ) == {"X509_USER_PROXY": "/p"}
+        assert mine.root == f"/proc/{proc.pid}/root" and mine.home == a.pw_dir
+        # pid 0 (the kernel's own request): no environment, only the user's own places.
+        kernel = CallerCredentials.of(Caller(a.pw_uid, a.pw_gid, 0), ("X509_USER_PROXY",),
+                                      str(tmp_path))
+        assert dict(kernel.environ) == {} and kernel.root == ""
+        # A pid that is not the user's (reused meanwhile): its environment is not asked.
+        other = CallerCredentials.of(Caller(users["rfs-pu-b"].pw_uid, a.pw_gid, proc.pid),
+                                     ("X509_USER_PROXY",), str(tmp_path))
+        assert dict(other.environ) == {}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_credential_files_are_read_as_the_caller_and_renewals_noticed(users, tmp_path):
+    from rucio_fs.errors import NotFound, PermissionDenied
+    from rucio_fs.identity import Caller, CallerCredentials, private_directory
+
+    a = users["rfs-pu-a"]
+    private = private_directory(str(tmp_path))
+    creds = CallerCredentials.of(Caller(a.pw_uid, a.pw_gid, 0), (), private)
+    mine = owned_file(a, Path(a.pw_dir) / "token", "t1")
+    assert creds.read("~/token") == b"t1"
+    copy = creds.private_copy("~/token")
+    assert Path(copy).read_bytes() == b"t1" and os.stat(copy).st_mode & 0o077 == 0
+    assert not creds.changed()
+    time.sleep(0.01)
+    owned_file(a, mine, "t2-renewed")
+    assert creds.changed()
+    root_only = tmp_path / "root-only"
+    root_only.write_text("secret")
+    root_only.chmod(0o600)
+    tmp_path.chmod(0o755)
+    with pytest.raises(PermissionDenied, match=f"uid {a.pw_uid} cannot read"):
+        creds.read(str(root_only))
+    with pytest.raises(NotFound):
+        creds.read("~/nothing-here")
+    with pytest.raises(PermissionDenied, match="not absolute"):
+        creds.read("relative/path")
