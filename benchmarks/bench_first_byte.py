@@ -19,7 +19,6 @@ in ``--server DIR`` or starts one. Prints Markdown, writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -29,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import Mount, drop_page_cache, rucio_server
+from common import Mount, drop_page_cache, rucio_arguments, rucio_server
 
 REPO = Path(__file__).resolve().parent.parent
 BASELINE = "speculate=off&replica_batch=0"
@@ -74,12 +73,8 @@ def cat_loop(root: Path, options: str, dataset: str, names: list[str],
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--server", type=Path, help="directory of a running rucio.sh server")
-    ap.add_argument("--repeat", type=int, default=7)
+    ap = rucio_arguments(__doc__, "first_byte", repeat=7)
     ap.add_argument("--files", type=int, default=1000)
-    ap.add_argument("--out", type=Path,
-                    default=REPO / "benchmarks" / "results" / "first_byte.json")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-first-byte-"))

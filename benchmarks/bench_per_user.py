@@ -15,7 +15,6 @@ Goal (issue): per-user ≤ 1.10 times the single-identity time for each. Prints 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pwd
@@ -26,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import rucio_server
+from common import rucio_arguments, rucio_server
 
 from rucio_fs.testing.mount import Mount
 
@@ -81,12 +80,8 @@ def at_once(users: list, command: list[str], per_user: bool = False) -> list[flo
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--server", type=Path, help="directory of a running rucio.sh server")
+    ap = rucio_arguments(__doc__, "per_user", repeat=7)
     ap.add_argument("--users", type=int, default=10)
-    ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--out", type=Path,
-                    default=REPO / "benchmarks" / "results" / "per_user.json")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-per-user-"))
     root.chmod(0o755)

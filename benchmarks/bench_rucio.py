@@ -14,7 +14,6 @@ starts one in a temporary directory and stops it afterwards. Prints Markdown, wr
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from common import (
     peak_rss_mb,
     rclone_http_mount,
     read_whole,
+    rucio_arguments,
     rucio_server,
     timed,
     tmpfs_twin,
@@ -62,11 +62,8 @@ def curl_time(args: list[str]) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--server", type=Path, help="directory of a running rucio.sh server")
-    ap.add_argument("--repeat", type=int, default=5)
+    ap = rucio_arguments(__doc__, "rucio", repeat=5)
     ap.add_argument("--peer", action="store_true", help="also measure rclone mount (apt)")
-    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "rucio.json")
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-rucio-"))

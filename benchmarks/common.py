@@ -6,6 +6,7 @@ this directory on ``sys.path``).
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import http.client
 import json
@@ -212,6 +213,7 @@ def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path,
 
 
 SERVERS = Path(__file__).resolve().parent.parent / "scripts" / "servers"
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def free_port() -> int:
@@ -231,6 +233,16 @@ def script_server(name: str, base: Path, **env: str) -> Iterator[dict[str, str]]
         yield read_env(base / "server.env")
     finally:
         subprocess.run(["bash", str(script), "stop", str(base)], check=False)
+
+
+def rucio_arguments(doc: str, name: str, repeat: int) -> argparse.ArgumentParser:
+    """The arguments every Rucio benchmark takes: ``--server`` (a running ``rucio.sh``
+    server, else one is started), ``--repeat`` and ``--out`` (its JSON)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--server", type=Path, help="directory of a running rucio.sh server")
+    ap.add_argument("--repeat", type=int, default=repeat)
+    ap.add_argument("--out", type=Path, default=RESULTS / f"{name}.json")
+    return ap
 
 
 @contextmanager
