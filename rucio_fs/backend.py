@@ -93,6 +93,13 @@ def content_version(entry: Entry) -> str:
     return entry.version or f"{entry.size}@{entry.mtime_ns}"
 
 
+def same_attributes(a: Entry, b: Entry) -> bool:
+    """Whether ``a`` and ``b`` show the same file: kind, size, time, mode and content version
+    (what a reply's attributes and the caches depend on). Cheaper than ``==``."""
+    return (a.size == b.size and a.mtime_ns == b.mtime_ns and a.version == b.version
+            and a.kind is b.kind and a.mode == b.mode and a.immutable == b.immutable)
+
+
 #: The longest file name, in bytes, Linux accepts (``statfs`` says so as ``f_namemax``).
 NAME_MAX = 255
 

@@ -23,7 +23,15 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from .backend import NAME_MAX, Capability, Entry, Kind, content_version
+from .backend import (
+    NAME_MAX,
+    Capability,
+    Entry,
+    FsUsage,
+    Kind,
+    content_version,
+    same_attributes,
+)
 from .budget import Shares
 from .caches import Listing
 from .catalog import Catalog, child_path
@@ -75,7 +83,8 @@ def fuse_op(fn: F) -> F:
         code = 0
         self.requests_running += 1
         try:
-            if self.identities is not None and not (name == "getattr" and args[0] == ROOT_INO):
+            if self.identities is not None and not (
+                    name == "statfs" or (name == "getattr" and args[0] == ROOT_INO)):
                 _serving.set(await self._caller_catalog(args))
             return await fn(self, *args)
         except pyfuse3.FUSEError as exc:
@@ -368,7 +377,7 @@ class RucioFs(pyfuse3.Operations):
                     entry = dirty.entry()
             child = children.get(entry.name)
             if child is not None and child.attrs is not None and (
-                    child.entry is entry or child.entry == entry):
+                    child.entry is entry or same_attributes(child.entry, entry)):
                 # Warm path: the kernel already knows this entry and its attributes (an
                 # equal one: another user's listing on a per-user mount).
                 child.lookups += 1
@@ -469,7 +478,8 @@ class RucioFs(pyfuse3.Operations):
 
     @fuse_op
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
-        usage = await self.catalog.usage()
+        # A per-user mount's capacity would be one user's view: unknown (zeros) for all.
+        usage = FsUsage() if self.identities is not None else await self.catalog.usage()
         data = pyfuse3.StatvfsData()
         data.f_bsize = data.f_frsize = self.config.block_size
         data.f_blocks = usage.total_bytes // self.config.block_size

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backend import Entry
+from .backend import Entry, same_attributes
 
 ROOT_INO = 1
 
@@ -93,7 +93,7 @@ class InodeTable:
             self._by_ino[inode.ino] = inode
             parent.children[name] = inode
         if inode.entry is not entry:
-            if inode.entry != entry:  # an equal one (another user's listing) keeps its attrs
+            if not same_attributes(inode.entry, entry):  # another user's equal one keeps them
                 inode.attrs = None
             inode.entry = entry
         inode.fetched_at = now

@@ -114,6 +114,9 @@ def test_each_rucio_user_reads_as_its_own_account(rucio_server, users, per_user_
     for user, env in ((a, env_a), (b, env_b)):
         result = as_user(user, "cat", str(mnt / "ds500" / f["name"]), env=env, text=False)
         assert result.returncode == 0 and adler32(result.stdout) == f["adler32"]
+    # The root directory and statfs do not depend on the caller: `df` works without any.
+    result = as_user(e, "stat", "-f", "-c", "%l", str(mnt), env={})
+    assert (result.returncode, result.stdout.strip()) == (0, "255"), result.stderr
     # A user with no credentials of its own gets EACCES, never the daemon's (it has some).
     result = as_user(e, "ls", str(mnt), env={})
     assert result.returncode != 0 and "Permission denied" in result.stderr
