@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import click
 
-from . import __version__, control, report, tracing
+from . import __version__, control, metrics, report, tracing
 from .catalog import LAYERS
 from .config import MountConfig
 from .daemon import MountRequest
@@ -194,18 +194,30 @@ def cache_drop(mountpoint: str, layers: tuple[str, ...]) -> None:
 
 
 @cli.command(context_settings={"ignore_unknown_options": False})
-@click.argument("args", nargs=-1, required=True)
+@click.argument("args", nargs=-1)
 @click.option("--format", "fmt", type=click.Choice(report.FORMATS), default="table",
               show_default=True)
 @click.option("--reset", is_flag=True, help="Zero the counters after reading them.")
 @click.option("--all", "everything", is_flag=True, help="diff: list unchanged metrics too.")
-def stats(args: tuple[str, ...], fmt: str, reset: bool, everything: bool) -> None:
+@click.option("--serve", metavar="HOST:PORT",
+              help="Serve every mount's metrics (Prometheus) at http://HOST:PORT/metrics.")
+def stats(args: tuple[str, ...], fmt: str, reset: bool, everything: bool,
+          serve: str | None) -> None:
     """Counters and latency histograms of a mount.
 
     \b
     rucio-fs stats MOUNTPOINT [--format table|csv|json|prometheus] [--reset]
     rucio-fs stats diff A.csv B.csv
+    rucio-fs stats --serve HOST:PORT    (every mount, labelled, until Ctrl-C)
     """
+    if serve is not None:
+        if args:
+            raise click.UsageError("stats --serve takes no MOUNTPOINT: it serves every mount")
+        metrics.serve(serve, lambda line: click.echo(line, err=True))
+        return
+    if not args:
+        raise click.UsageError("stats takes a MOUNTPOINT (or: stats diff A.csv B.csv, "
+                               "stats --serve HOST:PORT)")
     if args[0] == "diff":
         if len(args) != 3:
             raise click.UsageError("stats diff takes two CSV files: stats diff A.csv B.csv")

@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from . import metrics
 from .errors import InvalidInput
 from .stats import flatten, quantile
 
@@ -20,7 +21,7 @@ def render(snap: Mapping[str, Any], fmt: str) -> str:
     if fmt == "csv":
         return to_csv(flatten(snap))
     if fmt == "prometheus":
-        return to_prometheus(snap)
+        return metrics.render(snap)
     return to_table(snap)
 
 
@@ -89,43 +90,6 @@ def to_table(snap: Mapping[str, Any]) -> str:
     if config:
         lines += ["", "config: " + ", ".join(f"{k}={_value(v)}" for k, v in config.items())]
     return "\n".join(lines)
-
-
-def _labels(**labels: str) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-
-
-def to_prometheus(snap: Mapping[str, Any]) -> str:
-    out = []
-    for section in ("fuse", "backend"):
-        metric = f"rucio_fs_{section}"
-        out += [f"# TYPE {metric}_latency_seconds histogram",
-                f"# TYPE {metric}_errors_total counter"]
-        for name, data in snap.get(section, {}).items():
-            hist = data["latency"]
-            cumulative = 0
-            for k, n in enumerate(hist["bins"]):
-                cumulative += n
-                if n or k == len(hist["bins"]) - 1:
-                    le = f"{(1 << k) / 1e9:.9g}"
-                    out.append(f"{metric}_latency_seconds_bucket"
-                               f"{_labels(op=name, le=le)} {cumulative}")
-            out.append(f'{metric}_latency_seconds_bucket{_labels(op=name, le="+Inf")} '
-                       f"{hist['count']}")
-            out.append(f"{metric}_latency_seconds_sum{_labels(op=name)} {hist['total_ns'] / 1e9}")
-            out.append(f"{metric}_latency_seconds_count{_labels(op=name)} {hist['count']}")
-            for err, n in sorted(data["errors"].items()):
-                out.append(f"{metric}_errors_total{_labels(op=name, errno=err)} {n}")
-            if data.get("bytes"):
-                out.append(f"{metric}_bytes_total{_labels(op=name)} {data['bytes']}")
-    out.append("# TYPE rucio_fs_cache_events_total counter")
-    for layer, counters in snap.get("cache", {}).items():
-        for event, n in sorted(counters.items()):
-            out.append(f"rucio_fs_cache_events_total{_labels(layer=layer, event=event)} {n}")
-    out.append("# TYPE rucio_fs_coalesced_calls_total counter")
-    for call, n in sorted(snap.get("coalesced", {}).items()):
-        out.append(f"rucio_fs_coalesced_calls_total{_labels(call=call)} {n}")
-    return "\n".join(out)
 
 
 def read_csv(path: str) -> dict[str, str]:

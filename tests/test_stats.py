@@ -6,8 +6,14 @@ import csv
 import io
 import json
 import os
+import signal
+import socket
+import subprocess
+import urllib.request
 
-from conftest import run_cli, wait_for
+import pytest
+from conftest import RUCIO_FS, free_ports, run_cli, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 
 from rucio_fs.stats import N_BINS
 
@@ -53,8 +59,11 @@ def test_formats_reset_and_diff(mount_fs, tmp_path):
     assert data["fuse"]["opendir"]["latency"]["count"] >= 1
     assert data["config"]["listing"] is True
     prom = run_cli("stats", str(m.path), "--format", "prometheus", check=True).stdout
-    assert 'rucio_fs_fuse_latency_seconds_count{op="opendir"}' in prom
-    assert 'rucio_fs_cache_events_total{layer="listing",event="misses"}' in prom
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(prom) for s in f.samples}
+    assert samples[("rucio_fs_fuse_latency_seconds_count", (("op", "opendir"),))] >= 1
+    assert samples[("rucio_fs_cache_events_total",
+                    (("event", "misses"), ("layer", "listing")))] >= 1
 
     first = run_cli("stats", str(m.path), "--format", "csv", "--reset", check=True).stdout
     rows = dict(csv.reader(io.StringIO(first)))
@@ -86,3 +95,34 @@ def test_stats_diff_rejects_other_files(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip() == f"rucio-fs: {bad}: not a rucio-fs stats CSV " \
                                     "(header must be 'metric,value')"
+
+
+def test_every_mount_is_served_to_prometheus_with_its_label(mount_fs):
+    first, second = mount_fs(), mount_fs()
+    os.listdir(first.path / "ls" / "files-500")
+    port = free_ports(1)[0]
+    server = subprocess.Popen([*RUCIO_FS, "stats", "--serve", f"127.0.0.1:{port}"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        families = {f.name: f for f in text_string_to_metric_families(text.decode())}
+        up = {s.labels["mount"]: s.value for s in families["rucio_fs_up"].samples}
+        assert up[str(first.path)] == 1 and up[str(second.path)] == 1
+        opendirs = [s for s in families["rucio_fs_fuse_latency_seconds"].samples
+                    if s.name.endswith("_count") and s.labels["op"] == "opendir"]
+        assert {s.labels["mount"]: s.value for s in opendirs}[str(first.path)] >= 1
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=10) == 0  # a clean stop, no traceback
+    assert "Traceback" not in server.stderr.read()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--serve", "nohostport"], "expected HOST:PORT"),
+    (["--serve", "127.0.0.1:1", "/mnt"], "takes no MOUNTPOINT"),
+])
+def test_serve_refuses_bad_input_in_one_line(args, message):
+    result = run_cli("stats", *args)
+    assert result.returncode != 0 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
