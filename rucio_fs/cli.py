@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 import click
 
-from . import __version__, control, metrics, report, tracing
+from . import __version__, control, fstab, metrics, report, tracing
 from .catalog import LAYERS
 from .config import MountConfig
 from .daemon import MountRequest
@@ -97,13 +97,16 @@ def cli() -> None:
               help="FUSE background requests in flight (root only; 0 keeps the default).")
 @click.option("--max-tasks", type=click.IntRange(1, 10_000), default=256, show_default=True,
               help="Most FUSE requests served concurrently.")
+@click.option("--kernel-flag", "kernel_flags", multiple=True, hidden=True,
+              type=click.Choice(sorted(fstab.KERNEL_FLAGS)),
+              help="A kernel mount flag (nosuid, nodev, ro, ...), as the mount helper passes.")
 @click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
               help="Backend option, the same as ?KEY=VALUE in the URL (repeatable), "
                    "e.g. -o endpoint_url=http://127.0.0.1:7070 for s3://.")
 def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other: bool,
           identity: str, log_file: str | None, cold: bool, no_disk_cache: bool, xattrs: bool,
-          read_ahead_kb: int, max_background: int, max_tasks: int, options: tuple[str, ...],
-          **config: Any) -> int:
+          read_ahead_kb: int, max_background: int, max_tasks: int, kernel_flags: tuple[str, ...],
+          options: tuple[str, ...], **config: Any) -> int:
     """Mount the catalog at URL (demo://, ...) on MOUNTPOINT.
 
     Returns once the mount is ready, leaving the daemon in the background (unless -f).
@@ -112,7 +115,7 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
     url = with_options(url, options)
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
                                  log_file, max_tasks, xattrs, read_ahead_kb, max_background,
-                                 identity))
+                                 identity, kernel_flags))
 
 
 def with_options(url: str, options: tuple[str, ...]) -> str:
@@ -269,8 +272,13 @@ def backends() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point: click without its multi-line error output."""
+    """Console-script entry point: click without its multi-line error output. Called as the
+    mount helper (``rucio-fs URL MOUNTPOINT -o OPTIONS``, by ``mount -t fuse.rucio-fs`` and
+    fstab), it mounts (see :mod:`rucio_fs.fstab`)."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if fstab.is_helper_call(argv):
+            argv = fstab.as_mount_command(argv, mount)
         code = cli.main(args=argv, prog_name="rucio-fs", standalone_mode=False)
     except click.ClickException as exc:
         click.echo(f"rucio-fs: error: {exc.format_message()}", err=True)

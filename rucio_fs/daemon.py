@@ -74,6 +74,8 @@ class MountRequest:
     max_background: int = 64
     #: ``mount``: one identity, the mounting user's; ``per-user``: each caller's own.
     identity: str = "mount"
+    #: Kernel mount flags (``nosuid``, ``ro``, ...), as mount(8) passes them to the helper.
+    kernel_flags: tuple[str, ...] = ()
 
 
 def check_mountpoint(mountpoint: str) -> str:
@@ -351,6 +353,7 @@ async def _session(req: MountRequest, ops: RucioFs, stats: Stats,
     options = set(pyfuse3.default_options)
     options.discard("default_permissions")
     options |= {f"fsname={_fsname(req.url)}", "subtype=rucio-fs", "default_permissions"}
+    options |= set(req.kernel_flags)
     if read_only:
         options.add("ro")
     if req.allow_other:
