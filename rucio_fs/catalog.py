@@ -43,7 +43,6 @@ from .stats import Stats
 
 log = logging.getLogger(__name__)
 
-LAYERS = ("kernel", "metadata", "listing", "data", "disk", "shared")
 
 #: The most entries a directory may have for a lookup to list it (see :meth:`Catalog.stat`).
 LOOKUP_LISTING_MAX = 5000

@@ -12,12 +12,9 @@ from urllib.parse import urlencode
 
 import click
 
-from . import __version__, control, fstab, metrics, report, tracing
-from .catalog import LAYERS
-from .config import MountConfig
-from .daemon import MountRequest
-from .daemon import mount as do_mount
-from .daemon import unmount as do_unmount
+from . import __version__, control, fstab, report
+from . import warm_client as warming
+from .config import LAYERS, MountConfig
 from .errors import InvalidInput, RucioFsError
 from .options import parse_duration, parse_size
 from .registry import available
@@ -111,6 +108,9 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
 
     Returns once the mount is ready, leaving the daemon in the background (unless -f).
     """
+    from .daemon import MountRequest
+    from .daemon import mount as do_mount
+
     cache = MountConfig.from_options(config, cold=cold, no_disk_cache=no_disk_cache)
     url = with_options(url, options)
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
@@ -175,6 +175,8 @@ def uploads(mountpoint: str, retry: bool, wait: bool, discard: tuple[str, ...]) 
 @click.argument("mountpoint")
 def unmount(mountpoint: str) -> None:
     """Unmount MOUNTPOINT and wait for its daemon to exit."""
+    from .daemon import unmount as do_unmount
+
     do_unmount(mountpoint)
 
 
@@ -216,6 +218,8 @@ def stats(args: tuple[str, ...], fmt: str, reset: bool, everything: bool,
     if serve is not None:
         if args:
             raise click.UsageError("stats --serve takes no MOUNTPOINT: it serves every mount")
+        from . import metrics
+
         metrics.serve(serve, lambda line: click.echo(line, err=True))
         return
     if not args:
@@ -229,6 +233,24 @@ def stats(args: tuple[str, ...], fmt: str, reset: bool, everything: bool,
     if len(args) != 1:
         raise click.UsageError("stats takes one MOUNTPOINT (or: stats diff A.csv B.csv)")
     click.echo(report.render(control.request(args[0], "stats", reset=reset), fmt))
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("-r", "--recursive", is_flag=True, help="Every directory below PATHS too.")
+@click.option("--data", is_flag=True,
+              help="Read every file's data too (into the data and disk layers).")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=8, show_default=True,
+              help="Directories or files worked on at once.")
+def warm(paths: tuple[str, ...], recursive: bool, data: bool, jobs: int) -> int:
+    """Fill a mount's caches for PATHS before a job reads them: listings and metadata, and
+    with --data file contents. Progress on stderr; Ctrl-C stops it cleanly."""
+    mountpoint, roots = warming.catalog_paths(paths)
+    summary = warming.follow(mountpoint, roots, recursive, data, jobs)
+    click.echo(summary["line"], err=True)
+    for message in summary["messages"]:
+        click.echo(f"  {message}", err=True)
+    return 130 if summary["cancelled"] else (1 if summary["errors"] else 0)
 
 
 @cli.command()
@@ -249,6 +271,8 @@ def trace(mountpoint: str, command: tuple[str, ...], duration: float | None, fmt
     rucio-fs trace MOUNTPOINT -- ls -l MOUNTPOINT/some/dir   (the command's output goes to stderr)
     """
     argv = list(command[1:] if command[:1] == ("--",) else command)
+    from . import tracing
+
     code, result = tracing.run_trace(mountpoint, argv, duration, buffer_mb, mount_tracefs)
     if fmt == "json":
         click.echo(json.dumps(result, indent=2))

@@ -10,7 +10,9 @@ from urllib.parse import urlsplit
 
 from .errors import InvalidInput
 from .options import without_password
-from .redis_client import RedisAddress
+
+#: The cache layers, as ``cache drop --layer`` and ``stats`` name them.
+LAYERS = ("kernel", "metadata", "listing", "data", "disk", "shared")
 
 
 def _option(flag: str, help: str = "", kind: str = "", *aliases: str) -> dict[str, Any]:
@@ -165,6 +167,8 @@ class MountConfig:
             if getattr(self, name) < 0:
                 raise InvalidInput(f"{name.replace('_', '-')} must not be negative")
         if self.shared_cache:
+            from .redis_client import RedisAddress  # trio and hiredis: only when asked
+
             RedisAddress.parse(self.shared_cache)
         if self.data_proxy:
             proxy = urlsplit(self.data_proxy)

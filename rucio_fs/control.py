@@ -15,12 +15,13 @@ import os
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
-
-import trio
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidInput, RucioFsError, Unavailable
 from .mounts import require_rucio_fs, socket_path
+
+if TYPE_CHECKING:
+    import trio
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,11 @@ MAX_REQUEST = 1 << 16
 
 
 async def serve(path: Path, handler: Handler, *,
-                task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve requests on ``path`` until cancelled; removes the socket file on the way out."""
+                task_status: trio.TaskStatus[None] | None = None) -> None:
+    """Serve requests on ``path`` until cancelled; removes the socket file on the way out.
+    (trio is imported here, not with the module: the CLI's clients start without it.)"""
+    import trio
+
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -41,7 +45,8 @@ async def serve(path: Path, handler: Handler, *,
         os.umask(old_umask)
     sock.listen(16)
     try:
-        task_status.started()
+        if task_status is not None:
+            task_status.started()
         await trio.serve_listeners(lambda stream: _handle(stream, handler),
                                    [trio.SocketListener(sock)])
     finally:
@@ -49,6 +54,8 @@ async def serve(path: Path, handler: Handler, *,
 
 
 async def _handle(stream: trio.SocketStream, handler: Handler) -> None:
+    import trio
+
     async with stream:
         try:
             raw = b""

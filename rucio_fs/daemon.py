@@ -30,8 +30,8 @@ import trio
 
 from . import __version__, control, kernel_tuning
 from .backend import Backend, Capability, Entry, Kind
-from .catalog import LAYERS, Catalog
-from .config import MountConfig
+from .catalog import Catalog
+from .config import LAYERS, MountConfig
 from .disk_cache import DiskCache
 from .errors import (
     InvalidInput,
@@ -48,6 +48,7 @@ from .mounts import find_mount, require_rucio_fs, runtime_dir, socket_path
 from .registry import backend_class, open_backend
 from .stats import Stats
 from .tracing import RequestRecorder
+from .warm import Warmer
 from .writeback import WriteBack
 
 #: Tasks writing blocks to the disk layer in parallel.
@@ -432,6 +433,8 @@ def _fsname(url: str) -> str:
 def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.Handler:
     #: The backend's own counters at the last ``stats --reset`` (they cannot be zeroed).
     baseline: dict[str, int] = {}
+    #: Warm-ups running or not yet collected by their client (``rucio-fs warm``).
+    warms: dict[int, Warmer] = {}
 
     def all_counters() -> Counter[str]:
         total: Counter[str] = Counter()
@@ -500,6 +503,27 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
                                  "staged": d.where} for d in writes.pending()],
                     "queued": writes.queued(), "dropped": writes.queue.take_failed(),
                     "failed": failed, "discarded": discarded}
+        if op == "warm_start":
+            if ops.identities is not None:
+                raise InvalidInput("warm: a per-user mount's caches are each user's own; run "
+                                   "the job's reads as that user instead")
+            warmer = Warmer(ops.catalog, [str(p) for p in message.get("paths", ["/"])],
+                            bool(message.get("recursive")), bool(message.get("data")),
+                            max(1, min(256, int(message.get("jobs", 8)))))
+            warms[id(warmer)] = warmer
+            assert ops.nursery is not None
+            ops.nursery.start_soon(warmer.run)
+            return {"id": id(warmer)}
+        if op in ("warm_status", "warm_cancel"):
+            warmer = warms.get(int(message.get("id", 0)))
+            if warmer is None:
+                raise InvalidInput("no such warm-up on this mount")
+            if op == "warm_cancel":
+                warmer.cancel()
+            progress = warmer.progress()
+            if progress["done"] and op == "warm_status":
+                del warms[id(warmer)]  # its client has the summary
+            return progress
         if op == "trace_start":
             if ops.recorder is not None:
                 log.warning("a trace was still recording (its client is gone?); starting anew")

@@ -8,7 +8,6 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from . import metrics
 from .errors import InvalidInput
 from .stats import flatten, quantile
 
@@ -21,6 +20,8 @@ def render(snap: Mapping[str, Any], fmt: str) -> str:
     if fmt == "csv":
         return to_csv(flatten(snap))
     if fmt == "prometheus":
+        from . import metrics  # prometheus_client: only for this format
+
         return metrics.render(snap)
     return to_table(snap)
 
