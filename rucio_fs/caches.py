@@ -7,6 +7,7 @@ and counts every lookup as a miss, so cold and warm runs report comparable numbe
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -87,6 +88,9 @@ def byte_cache(max_bytes: int) -> LRUCache:
     return LRUCache(max_bytes, getsizeof=len)
 
 
+_SERIALS = itertools.count(1)
+
+
 class Listing:
     """A directory listing: entries in backend order plus a name index.
 
@@ -106,7 +110,7 @@ class Listing:
     """
 
     __slots__ = ("_changed", "_index", "_removed", "by_name", "complete", "entries", "error",
-                 "names", "rejected")
+                 "names", "rejected", "serial")
 
     def __init__(self, entries: Sequence[Entry]) -> None:
         by_name: dict[str, Entry] = {}
@@ -127,6 +131,9 @@ class Listing:
         self.complete = True
         self.error: BaseException | None = None
         self._changed: trio.Event | None = None
+        #: Unique to these contents: new for every listing and every change made to it (what
+        #: the kernel was shown of a directory is kept only while this is the same).
+        self.serial = next(_SERIALS)
 
     @classmethod
     def filling(cls) -> Listing:
@@ -180,6 +187,7 @@ class Listing:
 
     def upsert(self, entry: Entry) -> None:
         """Add ``entry`` or replace the entry of the same name."""
+        self.serial = next(_SERIALS)
         index = self._positions()
         at = index.get(entry.name)
         if at is None:
@@ -191,6 +199,7 @@ class Listing:
         self.by_name[entry.name] = entry
 
     def remove(self, name: str) -> None:
+        self.serial = next(_SERIALS)
         at = self._positions().pop(name, None)
         if at is None:
             return

@@ -116,6 +116,11 @@ def fuse_op(fn: F) -> F:
 _serving: contextvars.ContextVar[Catalog | None] = contextvars.ContextVar("serving",
                                                                           default=None)
 
+#: Whether pyfuse3 can ask the kernel to cache directory listings (FOPEN_CACHE_DIR): a
+#: build with scripts/pyfuse3-cache-readdir.patch (scripts/install.sh); stock pyfuse3 cannot,
+#: and every readdir then comes to the daemon.
+KERNEL_LISTINGS = hasattr(pyfuse3.FileInfo(), "cache_readdir")
+
 #: ``Inode.cached_version`` of a file whose pages must be dropped at the next open.
 INVALID = "\0invalid"
 
@@ -344,7 +349,7 @@ class RucioFs(pyfuse3.Operations):
         return self._attrs(node)
 
     @fuse_op
-    async def opendir(self, inode: int, ctx: Any) -> int:
+    async def opendir(self, inode: int, ctx: Any) -> int | pyfuse3.FileInfo:
         node = self._inode(inode)
         if not node.entry.is_dir:
             raise NotADirectory(node.path)
@@ -353,6 +358,13 @@ class RucioFs(pyfuse3.Operations):
         self._dirs[fh] = handle = _DirHandle(node, listing, time.monotonic(), self.catalog)
         node.open_dirs += 1
         node.listed_at = handle.fetched_at
+        if KERNEL_LISTINGS and self.config.kernel and self.identities is None:
+            # The kernel may keep this listing (answering later readdirs itself) and keeps
+            # what it holds only while it is still these very contents: a new listing (the
+            # TTL ended, a drop) or a change makes the kernel read it again.
+            keep = node.kernel_listing == listing.serial and listing.complete
+            node.kernel_listing = listing.serial if listing.complete else 0
+            return pyfuse3.FileInfo(fh=fh, keep_cache=keep, cache_readdir=listing.complete)
         return fh
 
     @fuse_op

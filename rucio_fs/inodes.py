@@ -39,6 +39,9 @@ class Inode:
     open_dirs: int = 0
     listed_at: float = -1.0
     listing_fresh_until: float = 0.0
+    #: The serial of the listing the kernel may hold cached for this directory (see
+    #: ``RucioFs.opendir``); 0: none.
+    kernel_listing: int = 0
     #: Children the kernel holds dentries for, by name (dirs only).
     children: dict[str, Inode] = field(default_factory=dict)
 

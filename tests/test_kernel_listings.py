@@ -1,0 +1,58 @@
+"""The kernel's listing cache (FOPEN_CACHE_DIR, through the patched pyfuse3 scripts/install.sh
+builds): a repeated ``ls`` asks the daemon nothing but open and release, and the listing TTL,
+``cache drop`` and changes through the mount stay exact."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from rucio_fs.fs import KERNEL_LISTINGS
+
+
+def readdirs(m) -> int:
+    return m.fuse_calls("readdir")
+
+
+def test_the_installed_pyfuse3_can_ask_the_kernel_to_cache_listings():
+    assert KERNEL_LISTINGS  # scripts/install.sh builds pyfuse3 with the patch
+
+
+def test_a_repeated_ls_is_answered_by_the_kernel(mount_fs):
+    m = mount_fs()
+    names = os.listdir(m.path / "ls" / "files-10000")
+    before = readdirs(m)
+    for _ in range(3):
+        assert os.listdir(m.path / "ls" / "files-10000") == names
+    assert readdirs(m) == before
+    assert m.fuse_calls("opendir") >= 4  # opens still reach the daemon: it decides
+
+
+def test_the_listing_ttl_and_cache_drop_are_exact(mount_fs):
+    m = mount_fs("demo://", "--listing-ttl", "1s")
+    path = m.path / "ls" / "files-500"
+    os.listdir(path)
+    os.listdir(path)
+    cached = readdirs(m)
+    time.sleep(1.5)  # the daemon's listing is gone: the kernel's copy is not kept
+    assert len(os.listdir(path)) == 500
+    assert readdirs(m) > cached
+    os.listdir(path)
+    cached = readdirs(m)
+    m.drop()
+    assert len(os.listdir(path)) == 500
+    assert readdirs(m) > cached
+
+
+def test_changes_through_the_mount_show_in_the_next_listing(mount_fs):
+    m = mount_fs("memory://")
+    (m.path / "d").mkdir()
+    (m.path / "d" / "a.txt").write_text("a")
+    assert os.listdir(m.path / "d") == ["a.txt"]
+    assert os.listdir(m.path / "d") == ["a.txt"]  # now from the kernel
+    (m.path / "d" / "b.txt").write_text("b")
+    assert sorted(os.listdir(m.path / "d")) == ["a.txt", "b.txt"]
+    (m.path / "d" / "a.txt").unlink()
+    assert os.listdir(m.path / "d") == ["b.txt"]
+    os.rename(m.path / "d" / "b.txt", m.path / "d" / "c.txt")
+    assert os.listdir(m.path / "d") == ["c.txt"]
