@@ -17,7 +17,6 @@ from . import warm_client as warming
 from .config import LAYERS, MountConfig
 from .errors import InvalidInput, RucioFsError
 from .options import parse_duration, parse_size
-from .registry import available
 
 
 class _Duration(click.ParamType):
@@ -286,6 +285,8 @@ def trace(mountpoint: str, command: tuple[str, ...], duration: float | None, fmt
 @cli.command()
 def backends() -> None:
     """List the installed backends (entry-point group rucio_fs.backends)."""
+    from .registry import available  # importlib.metadata: only this command needs it
+
     for scheme, ep in sorted(available().items()):
         try:
             cls = ep.load()

@@ -510,6 +510,9 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
             warmer = Warmer(ops.catalog, [str(p) for p in message.get("paths", ["/"])],
                             bool(message.get("recursive")), bool(message.get("data")),
                             max(1, min(256, int(message.get("jobs", 8)))))
+            for key, old in list(warms.items()):  # kept a minute for their clients
+                if old.finished is not None and time.monotonic() - old.finished > 60:
+                    del warms[key]
             warms[id(warmer)] = warmer
             assert ops.nursery is not None
             ops.nursery.start_soon(warmer.run)
@@ -520,10 +523,10 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
                 raise InvalidInput("no such warm-up on this mount")
             if op == "warm_cancel":
                 warmer.cancel()
-            progress = warmer.progress()
-            if progress["done"] and op == "warm_status":
-                del warms[id(warmer)]  # its client has the summary
-            return progress
+            # A long poll: the reply comes when the walk ends, or after ``wait`` seconds.
+            with trio.move_on_after(min(float(message.get("wait", 0)), 10.0)):
+                await warmer.ended.wait()
+            return warmer.progress()
         if op == "trace_start":
             if ops.recorder is not None:
                 log.warning("a trace was still recording (its client is gone?); starting anew")

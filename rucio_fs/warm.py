@@ -49,6 +49,8 @@ class Warmer:
     finished: float | None = None
     cancelled: bool = False
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    #: Set when the walk has ended (done or cancelled).
+    ended: trio.Event = field(default_factory=trio.Event)
 
     async def run(self) -> None:
         """Walk every root; returns when done or cancelled."""
@@ -81,6 +83,7 @@ class Warmer:
                 nursery.cancel_scope.cancel()
         self.cancelled = self.scope.cancelled_caught
         self.finished = time.monotonic()
+        self.ended.set()
 
     def cancel(self) -> None:
         self.scope.cancel()

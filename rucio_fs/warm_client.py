@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,9 +12,9 @@ from . import control
 from .errors import InvalidInput
 from .mounts import FSTYPE, read_mounts
 
-#: How often the client asks for progress: quickly at first (a small warm-up ends within
-#: milliseconds of its listing), then every POLL seconds.
-FIRST_POLL, POLL = 0.02, 0.25
+#: How long one progress request waits in the daemon for the walk to end (a long poll: the
+#: end is seen at once, progress every POLL seconds meanwhile).
+POLL = 0.25
 
 
 def catalog_paths(paths: Sequence[str]) -> tuple[str, list[str]]:
@@ -44,21 +43,19 @@ def follow(mountpoint: str, roots: list[str], recursive: bool, data: bool,
     job = control.request(mountpoint, "warm_start", paths=roots, recursive=recursive,
                           data=data, jobs=jobs)["id"]
     tty = sys.stderr.isatty()
-    pause = FIRST_POLL
     try:
         while True:
-            progress = control.request(mountpoint, "warm_status", id=job)
+            progress = control.request(mountpoint, "warm_status", id=job, wait=POLL)
             if tty:
                 sys.stderr.write("\r" + _line(progress) + "\033[K")
                 sys.stderr.flush()
             if progress["done"]:
                 break
-            time.sleep(pause)
-            pause = min(POLL, 2 * pause)
     except KeyboardInterrupt:
         control.request(mountpoint, "warm_cancel", id=job)
-        while not (progress := control.request(mountpoint, "warm_status", id=job))["done"]:
-            time.sleep(0.05)
+        while not (progress := control.request(mountpoint, "warm_status", id=job,
+                                               wait=POLL))["done"]:
+            pass
     if tty:
         sys.stderr.write("\r\033[K")
     progress["line"] = ("warm cancelled: " if progress["cancelled"] else "warmed ") + \
