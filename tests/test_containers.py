@@ -214,6 +214,25 @@ def resolve_in_image(path: str, copied: dict[str, Path]) -> Path | None:
     return None
 
 
+def test_images_hold_every_file_the_install_script_reads():
+    """install.sh reads files beside it (the pyfuse3 patch): an image that runs it must copy
+    them in first, or its build fails (nothing here builds images)."""
+    needed = set(re.findall(r"(scripts/[\w./-]+)", (REPO / "scripts" / "install.sh").read_text()))
+    assert "scripts/pyfuse3-cache-readdir.patch" in needed
+    for name in ("client/Dockerfile", "dev/servers/Dockerfile"):
+        instructions = parse_dockerfile(CONTAINERS / name)
+        copied: set[str] = set()
+        for ins in instructions:
+            if ins.keyword == "COPY":
+                words = [w for w in ins.args.split() if not w.startswith("--")]
+                copied |= set(words[:-1])  # the last word is the destination
+            if ins.keyword == "RUN" and "scripts/install.sh" in ins.args:
+                break
+        for path in needed:
+            assert "." in copied or path in copied, \
+                f"{name}: {path} is not copied before install.sh"
+
+
 def test_images_install_with_the_script_ci_runs():
     ci = (REPO / ".ci" / "run").read_text()
     assert "scripts/test.sh" in ci
