@@ -296,9 +296,7 @@ class RucioFs(pyfuse3.Operations):
             entry = await self.catalog.stat(inode.path)
             if entry.kind is not inode.entry.kind:
                 raise pyfuse3.FUSEError(errno.ESTALE)
-            if entry is not inode.entry:
-                inode.entry = entry
-                inode.attrs = None
+            inode.take(entry)
             inode.fetched_at = now
         return inode.entry
 
@@ -390,8 +388,8 @@ class RucioFs(pyfuse3.Operations):
             child = children.get(entry.name)
             if child is not None and child.attrs is not None and (
                     child.entry is entry or same_attributes(child.entry, entry)):
-                # Warm path: the kernel already knows this entry and its attributes (an
-                # equal one: another user's listing on a per-user mount).
+                # Warm path: the kernel already knows this file and its attributes.
+                child.take(entry)
                 child.lookups += 1
                 child.fetched_at = now
                 attrs = child.attrs

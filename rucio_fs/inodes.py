@@ -45,6 +45,15 @@ class Inode:
     #: Children the kernel holds dentries for, by name (dirs only).
     children: dict[str, Inode] = field(default_factory=dict)
 
+    def take(self, entry: Entry) -> None:
+        """Hold ``entry`` as the catalog now describes this name; the reply attributes
+        built for the old one stay when it shows the same file (``same_attributes``: an
+        entry listed or stat'ed again, or another user's on a per-user mount)."""
+        if entry is not self.entry:
+            if not same_attributes(self.entry, entry):
+                self.attrs = None
+            self.entry = entry
+
 
 class InodeTable:
     """Maps inode numbers ↔ paths. Single-threaded: used only from the trio loop."""
@@ -95,10 +104,7 @@ class InodeTable:
             self._next_ino += 1
             self._by_ino[inode.ino] = inode
             parent.children[name] = inode
-        if inode.entry is not entry:
-            if not same_attributes(inode.entry, entry):  # another user's equal one keeps them
-                inode.attrs = None
-            inode.entry = entry
+        inode.take(entry)
         inode.fetched_at = now
         inode.lookups += 1
         return inode
