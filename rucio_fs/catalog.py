@@ -18,7 +18,7 @@ import functools
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -40,6 +40,9 @@ from .errors import (
 from .redis_client import Redis, RedisAddress
 from .shared import SharedTier, Sink
 from .stats import Stats
+
+if TYPE_CHECKING:
+    from .writeback import WriteBack
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +134,8 @@ class Catalog:
         self.data_path = DataPath(config, stats, self.calls, self._read_exact, disk)
         #: Files with local content (set by the write-back of a writable mount).
         self.overlay: Overlay = _NoOverlay()
+        #: The write-back uploading through this catalog (a writable mount), else None.
+        self.writeback: WriteBack | None = None
         #: Whether names are created through this mount (set with the write-back): then a
         #: lookup miss makes the next uncached lookups list their directory (see :meth:`stat`).
         self.makes_names = False

@@ -77,7 +77,7 @@ def cli() -> None:
               show_default=True,
               help="Whose credentials serve a request: the mounting user's, or each calling "
                    "user's own, found as their own client would (needs root and "
-                   "--allow-other; read-only; docs/per-user.md).")
+                   "--allow-other; docs/per-user.md).")
 @click.option("--log-file", type=click.Path(dir_okay=False),
               help="Daemon log (default: <runtime dir>/mount-<pid>.log).")
 @click.option("--cold", is_flag=True, help="Turn every cache layer off.")
@@ -153,12 +153,12 @@ def uploads(mountpoint: str, retry: bool, wait: bool, discard: tuple[str, ...]) 
     for path in result["discarded"]:
         click.echo(f"discarded {path}")
     for item in result["pending"]:
-        click.echo(f"pending {item['path']} ({item['size']} bytes, staged in {item['staged']})"
-                   + (f": {item['error']}" if item["error"] else ""))
+        click.echo(f"pending {item['path']}{_of_user(item)} ({item['size']} bytes, staged in "
+                   f"{item['staged']})" + (f": {item['error']}" if item["error"] else ""))
     queued = result.get("queued", [])
     for item in queued:
         state = "running" if item["running"] else f"try {item['attempts'] + 1}"
-        click.echo(f"queued {item['op']} {item['path']} ({state})"
+        click.echo(f"queued {item['op']} {item['path']}{_of_user(item)} ({state})"
                    + (f": {item['error']}" if item["error"] else ""))
     for item in result.get("dropped", []):
         click.echo(f"given up {item['op']} {item['path']}: {item['error']}")
@@ -168,6 +168,11 @@ def uploads(mountpoint: str, retry: bool, wait: bool, discard: tuple[str, ...]) 
     if not (result["pending"] or queued or result["discarded"] or result.get("dropped")):
         click.echo("no pending uploads")
     return 1 if result["pending"] or queued or result.get("dropped") else 0
+
+
+def _of_user(item: dict) -> str:
+    """`` of uid N`` for a per-user mount's file, else nothing."""
+    return f" of uid {item['uid']}" if "uid" in item else ""
 
 
 @cli.command()

@@ -245,9 +245,11 @@ def check_per_user(req: MountRequest) -> None:
 
 def _per_user(req: MountRequest, stats: Stats, ops_holder: list[RucioFs]) -> Identities:
     """The catalogs of a per-user mount: each caller's backend, started and checked on the
-    caller's first request, with the core's layers above it (no disk layer)."""
+    caller's first request, with the core's layers above it (no disk layer) and, on a
+    writable catalog, the user's own write-back (see :func:`_user_writeback`)."""
     cls = backend_class(req.url)
     config = req.cache
+    writebacks: dict[int, WriteBack] = {}
 
     async def make_backend(credentials: CallerCredentials) -> Backend:
         backend = await trio.to_thread.run_sync(cls.for_caller, req.url, credentials)
@@ -266,13 +268,52 @@ def _per_user(req: MountRequest, stats: Stats, ops_holder: list[RucioFs]) -> Ide
             raise NotADirectory(f"{req.url}: the catalog root is not a directory")
         return backend
 
-    def make_catalog(backend: Backend) -> Catalog:
+    def make_catalog(backend: Backend, credentials: CallerCredentials) -> Catalog:
         catalog = Catalog(backend, config, stats, None)
         catalog.nursery = ops_holder[0].nursery if ops_holder else None
+        if backend.capabilities & Capability.WRITE:
+            _user_writeback(req, writebacks, credentials.uid, catalog, ops_holder[0])
         return catalog
 
     private = private_directory(str(runtime_dir() / f"per-user-{os.getpid()}"))
     return Identities(make_backend, make_catalog, cls.credential_env, private)
+
+
+def _user_writeback(req: MountRequest, writebacks: dict[int, WriteBack], uid: int,
+                    catalog: Catalog, ops: RucioFs) -> None:
+    """Give ``catalog`` its user's write-back: the one the user already has (its pending
+    files are uploaded with the user's newest credentials), else a new one that first takes
+    over what an earlier daemon left for this user (killed or unmounted with uploads
+    failing). Each user's staging files and journal live in a directory of their own (mode
+    0700, the daemon's), named by uid, so they are adopted by the same local user only."""
+    writeback = writebacks.get(uid)
+    if writeback is not None:
+        writeback.serve(catalog)
+        return
+    staging = os.path.join(staging_dir(req.cache), "per-user", f"uid-{uid}")
+    writeback = WriteBack(catalog, staging, req.url, req.cache.write_back == "async",
+                          req.cache.write_back_parallelism, identity=f"uid {uid} {req.url}")
+    writeback.uid = uid
+    try:
+        os.makedirs(staging, mode=0o700, exist_ok=True)
+        writeback.adopt()
+    except OSError as exc:
+        raise Unavailable(f"staging directory {staging}: {exc.strerror}") from None
+    ops.attach(writeback)
+    assert ops.nursery is not None
+    writeback.nursery = ops.nursery
+    ops.nursery.start_soon(writeback.run_retries)
+    ops.nursery.start_soon(writeback.queue.run)
+    writebacks[uid] = writeback
+
+
+async def _shutdown_writebacks(writebacks: list[WriteBack]) -> None:
+    """At unmount: each write-back carries out what is queued and tries what is pending
+    once more (see :meth:`WriteBack.shutdown`)."""
+    async with trio.open_nursery() as nursery:
+        for writeback in writebacks:
+            writeback.nursery = nursery
+            nursery.start_soon(writeback.shutdown)
 
 
 async def _serve(req: MountRequest, backend: Backend | None,
@@ -282,15 +323,18 @@ async def _serve(req: MountRequest, backend: Backend | None,
         holder: list[RucioFs] = []
         identities = _per_user(req, stats, holder)
         root = Entry(name="", kind=Kind.DIR, mtime_ns=time.time_ns())
+        cls = backend_class(req.url)
+        writable = bool(cls.capabilities & Capability.WRITE)
         ops = RucioFs(None, root, req.cache, stats,  # type: ignore[arg-type]
-                      xattrs=req.xattrs, identities=identities)
+                      xattrs=req.xattrs, identities=identities, writable=writable)
         holder.append(ops)
 
         async def close_per_user() -> None:
+            await _shutdown_writebacks(ops.writebacks())
             await identities.aclose()
             shutil.rmtree(identities.private_dir, ignore_errors=True)
 
-        await _session(req, ops, stats, state, backend_class(req.url).scheme, True,
+        await _session(req, ops, stats, state, cls.scheme, not writable,
                        lambda nursery: None, close_per_user)
         return
     try:
@@ -487,22 +531,30 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
             return {"layers": layers, "kernel_inodes_invalidated": invalidated,
                     "shared_keys_deleted": forgotten}
         if op == "uploads":
-            writes = ops.writes
-            if writes is None:
+            if not ops.writable:
                 raise InvalidInput("this mount is read-only")
-            failed: list[tuple[str, str]] = []
-            if message.get("retry"):
-                failed = await writes.retry()
-            if message.get("wait"):
-                try:
-                    await writes.settle("/")
-                except RucioFsError as exc:
-                    failed.append(("/", str(exc)))
-            discarded = [p for p in message.get("discard", []) if await ops.discard_pending(p)]
-            return {"pending": [{"path": d.path, "size": d.size, "error": d.error,
-                                 "staged": d.where} for d in writes.pending()],
-                    "queued": writes.queued(), "dropped": writes.queue.take_failed(),
-                    "failed": failed, "discarded": discarded}
+            if message.get("discard") and ops.identities is not None:
+                raise InvalidInput("a per-user mount's pending files are each user's own: "
+                                   "--discard is not offered there")
+            # A per-user mount: every user's write-back, its files named with the uid.
+            result: dict[str, list] = {"pending": [], "queued": [], "dropped": [],
+                                       "failed": []}
+            for writes in ops.writebacks():
+                owner = {"uid": writes.uid} if writes.uid is not None else {}
+                if message.get("retry"):
+                    result["failed"] += await writes.retry()
+                if message.get("wait"):
+                    try:
+                        await writes.settle("/")
+                    except RucioFsError as exc:
+                        result["failed"].append(("/", str(exc)))
+                result["pending"] += [{"path": d.path, "size": d.size, "error": d.error,
+                                       "staged": d.where, **owner} for d in writes.pending()]
+                result["queued"] += [{**q, **owner} for q in writes.queued()]
+                result["dropped"] += writes.queue.take_failed()
+            result["discarded"] = [p for p in message.get("discard", [])
+                                   if await ops.discard_pending(p)]
+            return result
         if op == "warm_start":
             if ops.identities is not None:
                 raise InvalidInput("warm: a per-user mount's caches are each user's own; run "

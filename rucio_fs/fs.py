@@ -172,7 +172,7 @@ class RucioFs(pyfuse3.Operations):
     def __init__(self, catalog: Catalog, root_entry: Entry, config: MountConfig, stats: Stats,
                  uid: int | None = None, gid: int | None = None, xattrs: bool = False,
                  writeback: WriteBack | None = None,
-                 identities: Identities | None = None) -> None:
+                 identities: Identities | None = None, writable: bool = False) -> None:
         super().__init__()
         self._catalog = catalog
         #: Per-user mounts: every request is served by its caller's catalog.
@@ -183,14 +183,15 @@ class RucioFs(pyfuse3.Operations):
         self.inodes = InodeTable(root_entry)
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
-        self.writable = writeback is not None
-        self.writes = writeback
-        if writeback is None:
+        #: Whether names and contents may change through the mount (a per-user mount: each
+        #: user's catalog has its own write-back, attached as it is made).
+        self.writable = writeback is not None or writable
+        self._writes = writeback
+        if not self.writable:
             # ENOSYS once makes the kernel stop sending FLUSH: no round trip per close.
             self.flush = self.fsync = _not_implemented  # type: ignore[method-assign,assignment]
-        else:
-            writeback.on_uploaded = self._uploaded
-            writeback.queue.quiet_for = self._quiet_for
+        if writeback is not None:
+            self.attach(writeback)
         #: FUSE requests being answered, and when the last one ended (time.monotonic).
         self.requests_running = 0
         self.last_request_end = 0.0
@@ -215,6 +216,24 @@ class RucioFs(pyfuse3.Operations):
             self._entry_ttl = self._attr_ttl = self._immutable_ttl = self._negative_ttl = 0.0
 
     # -- helpers ---------------------------------------------------------------------------
+
+    @property
+    def writes(self) -> WriteBack | None:
+        """The write-back serving this request: the mount's, or on a per-user mount the
+        caller's own (pending files of one user are never another's)."""
+        return self._writes if self.identities is None else self.catalog.writeback
+
+    def attach(self, writeback: WriteBack) -> None:
+        """Have ``writeback`` tell this mount when its uploads land and when it is busy."""
+        writeback.on_uploaded = functools.partial(self._uploaded, writeback)
+        writeback.queue.quiet_for = self._quiet_for
+
+    def writebacks(self) -> list[WriteBack]:
+        """Every write-back of the mount (a per-user mount: one per user)."""
+        if self.identities is None:
+            return [self._writes] if self._writes is not None else []
+        return list({id(c.writeback): c.writeback for c in self.identities.catalogs()
+                     if c.writeback is not None}.values())
 
     @property
     def catalog(self) -> Catalog:
@@ -255,11 +274,11 @@ class RucioFs(pyfuse3.Operations):
             attrs.attr_timeout = self._immutable_ttl if entry.immutable else self._attr_ttl
             if entry.is_dir:
                 perm = 0o755 if entry.mode is None else entry.mode
-                attrs.st_mode = stat.S_IFDIR | (perm if self.writable else perm & ~0o222)
+                attrs.st_mode = stat.S_IFDIR | self._shown_mode(perm, 0o777)
                 attrs.st_nlink = 2
             else:
                 perm = 0o644 if entry.mode is None else entry.mode
-                attrs.st_mode = stat.S_IFREG | (perm if self.writable else perm & ~0o222)
+                attrs.st_mode = stat.S_IFREG | self._shown_mode(perm, 0o666)
                 attrs.st_nlink = 1
             attrs.st_uid = self.uid
             attrs.st_gid = self.gid
@@ -269,6 +288,14 @@ class RucioFs(pyfuse3.Operations):
             attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = entry.mtime_ns
             inode.attrs = attrs
         return attrs
+
+    def _shown_mode(self, perm: int, everyone: int) -> int:
+        """The permission bits the kernel checks (``default_permissions``): no write bits
+        on a read-only mount; on a writable per-user mount ``everyone`` may try, and the
+        caller's own catalog decides."""
+        if not self.writable:
+            return perm & ~0o222
+        return perm | everyone if self.identities is not None else perm
 
     def _fresh(self, inode: Inode, now: float) -> bool:
         """Whether attributes just received answer without a call: for ``attr_window`` after
@@ -542,7 +569,7 @@ class RucioFs(pyfuse3.Operations):
         """A handle on a file with pending content (its pages are never kept)."""
         fh = self._new_fh()
         self._files[fh] = _FileHandle(node, dirty.entry(), None, None, None,
-                                      dirty=dirty, writer=writer)
+                                      dirty=dirty, writer=writer, catalog=self.catalog)
         return pyfuse3.FileInfo(fh=fh, keep_cache=False)
 
     async def _read_dirty(self, handle: _FileHandle, off: int, size: int) -> bytes:
@@ -643,11 +670,11 @@ class RucioFs(pyfuse3.Operations):
             return 0.0
         return time.monotonic() - self.last_request_end
 
-    def _uploaded(self, path: str, entry: Entry) -> None:
+    def _uploaded(self, writes: WriteBack, path: str, entry: Entry) -> None:
         """A queued upload of ``path`` is on the server as ``entry`` and nothing is pending
         any more: the inode reads it from there (its local version is gone)."""
         node = self.inodes.find(path)
-        if node is not None and self._dirty(path) is None:
+        if node is not None and writes.files.get(path) is None:
             self._changed(node, entry)
 
     async def _settled(self, *paths: str) -> None:

@@ -49,7 +49,8 @@ class _Identity:
 class Identities:
     """The catalogs of a per-user mount, one per (uid, credentials)."""
 
-    def __init__(self, make_backend: MakeBackend, make_catalog: Callable[[Backend], Any],
+    def __init__(self, make_backend: MakeBackend,
+                 make_catalog: Callable[[Backend, CallerCredentials], Any],
                  credential_env: tuple[str, ...], private_dir: str) -> None:
         self.make_backend = make_backend
         self.make_catalog = make_catalog
@@ -111,7 +112,7 @@ class Identities:
             await backend.aclose()
             return _Identity(same.credentials, same.catalog, 0.0, environ)
         self.counters[caller.uid]["catalogs"] += 1
-        identity = _Identity(credentials, self.make_catalog(backend), 0.0, environ)
+        identity = _Identity(credentials, self.make_catalog(backend, credentials), 0.0, environ)
         self._by_fingerprint[fingerprint] = identity
         if known is not None:
             log.info("uid %d: credentials changed, a new catalog serves it", caller.uid)

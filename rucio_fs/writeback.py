@@ -582,12 +582,16 @@ class WriteBack:
     catalog path (renames re-key them), and, with async write-back, the queued changes."""
 
     def __init__(self, catalog: Catalog, staging_dir: str, url: str,
-                 asynchronous: bool = False, parallelism: int = 16) -> None:
+                 asynchronous: bool = False, parallelism: int = 16,
+                 identity: str | None = None) -> None:
         self.catalog = catalog
         self.url = url
-        #: Whose journals this mount replays: the backend's identity (host, bucket or zone,
-        #: root, account; the same whatever the mount options), else the URL.
-        self.identity = catalog.identity() or url
+        #: Whose journals this mount replays: ``identity`` if given (a per-user mount: the
+        #: local user's), else the backend's (host, bucket or zone, root, account; the same
+        #: whatever the mount options), else the URL.
+        self.identity = identity or catalog.identity() or url
+        #: The local user whose files these are (a per-user mount), else None.
+        self.uid: int | None = None
         self.staging_dir = staging_dir
         #: Whether ``close`` and namespace changes return before the server has them.
         self.asynchronous = asynchronous
@@ -596,8 +600,7 @@ class WriteBack:
         #: Queued namespace changes the server does not show yet: parent -> name -> (journal
         #: number, the entry, or None for a removed name). The catalog overlays them.
         self.shadow: dict[str, dict[str, tuple[int, Entry | None]]] = {}
-        catalog.overlay = self
-        catalog.makes_names = True
+        self.serve(catalog)
         #: Bytes of parts on their way, all files together.
         self.part_bytes = ByteBudget(Shares(catalog.config.memory_limit).uploads)
         self.generations = itertools.count(1)
@@ -612,6 +615,18 @@ class WriteBack:
         #: updates what the kernel was shown.
         self.on_uploaded: Callable[[str, Entry], None] = lambda _path, _entry: None
         self.queue = WriteQueue(self, parallelism, catalog.remove_batch_max)
+
+    def serve(self, catalog: Catalog) -> None:
+        """Upload through ``catalog`` from now on, and have it show what is pending here.
+
+        A per-user mount keeps one write-back per local user: when the user's credentials
+        change (a renewed proxy), the catalog of the new ones takes over its pending files,
+        and a catalog of earlier credentials of the same user keeps showing them.
+        """
+        self.catalog = catalog
+        catalog.overlay = self
+        catalog.writeback = self
+        catalog.makes_names = True
 
     def spawn(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
         assert self.nursery is not None, "WriteBack.nursery is not set"

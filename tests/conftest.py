@@ -418,6 +418,16 @@ class IrodsServer:
     def stats(self) -> dict:
         return self._http.get(self.netloc_url("/_fake/stats")).json()
 
+    def stored(self, lpath: str) -> dict | None:
+        """What the fake holds at ``lpath``, whoever may read it: ``data`` (bytes), ``acl``
+        (user -> permission), ``avus``, ``mtime``; None when there is no such object."""
+        import base64
+
+        response = self._http.get(self.netloc_url("/_fake/object"), params={"lpath": lpath})
+        if response.status_code != 200:
+            return None
+        return {**response.json(), "data": base64.b64decode(response.json()["data"])}
+
     def reset_stats(self) -> None:
         self._http.post(self.netloc_url("/_fake/reset-stats")).raise_for_status()
 

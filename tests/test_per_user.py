@@ -12,6 +12,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -19,7 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import RUCIO_FS, adler32, run_cli
+from conftest import RUCIO_FS, adler32, run_cli, wait_for
+from fault_proxy import fault_proxy
 
 from rucio_fs.mounts import find_mount
 
@@ -52,6 +54,8 @@ def per_user_mount() -> Iterator:
         path.mkdir()
         path.chmod(0o755)
         log = base / f"m{len(mounted)}.log"
+        if "--staging-dir" not in options:  # what a test leaves pending goes with it
+            options = (*options, "--staging-dir", str(base / f"staging{len(mounted)}"))
         run_cli("mount", url, str(path), "--allow-other", "--identity", "per-user",
                 "--log-file", str(log), *options, check=True)
         mounted.append(path)
@@ -194,9 +198,81 @@ def test_each_irods_user_sees_what_its_grants_allow(irods_server, users, per_use
     a, b = users["rfs-pu-a"], users["rfs-pu-b"]
     private = irods_server.collection("private")
     irods_server.write(f"{private}/mine.dat", b"alice's data")
+    envs = irods_users(irods_server, {a: (USER, PASSWORD), b: (OTHER, OTHER_PASSWORD)})
+    mnt, _ = per_user_mount(irods_url(irods_server))
+    mine = mnt / USER / private.rsplit("/", 1)[1] / "mine.dat"
+    result = as_user(a, "cat", str(mine), env=envs[a.pw_name])
+    assert result.returncode == 0 and result.stdout == "alice's data"
+    result = as_user(b, "cat", str(mine), env=envs[b.pw_name])
+    assert result.returncode != 0 and result.stdout == ""
+    assert "Permission denied" in result.stderr or "No such file" in result.stderr
+
+
+
+def test_each_irods_user_writes_as_itself(irods_server, users, per_user_mount):
+    """A returned close means the object is on the server, written by the caller's own
+    account: where the caller may not write, nothing reaches the server and the write fails."""
+    irods_server.require_fake()
+    from rucio_fs.testing.irods_fake import OTHER, OTHER_PASSWORD, PASSWORD, USER
+
+    a, b, e = users["rfs-pu-a"], users["rfs-pu-b"], users["rfs-pu-e"]
+    shared = f"/{irods_server.zone}/home/public/both-{os.urandom(4).hex()}"
+    irods_server.seed(shared, {"readme": b"both may write here"},
+                      acl={"readers": "modify_object"})
+    private = irods_server.collection("alone")  # alice's own
+    envs = irods_users(irods_server, {a: (USER, PASSWORD), b: (OTHER, OTHER_PASSWORD)})
+    mnt, log = per_user_mount(irods_url(irods_server))
+    here = mnt / "public" / shared.rsplit("/", 1)[1]
+    alone = mnt / USER / private.rsplit("/", 1)[1]
+    # Every user may try (the kernel checks these bits); the catalog decides per user.
+    result = as_user(a, "stat", "-c", "%a", str(here), env=envs[a.pw_name])
+    assert result.stdout.strip() == "777", result.stderr
+    data = {a: os.urandom(300_000), b: os.urandom(70_000)}
+    for user in (a, b):
+        source = owned_file(user, Path(user.pw_dir) / "src.bin", data[user])
+        result = as_user(user, "cp", str(source), str(here / f"{user.pw_name}.bin"),
+                         env=envs[user.pw_name])
+        assert result.returncode == 0, result.stderr
+        stored = irods_server.stored(f"{shared}/{user.pw_name}.bin")
+        assert stored is not None and stored["data"] == data[user]
+        # Made by the caller's own account, which owns it.
+        assert stored["acl"].get({a: USER, b: OTHER}[user]) == "own", stored["acl"]
+    # Each reads back its own; a new object is its owner's alone (no ACL inherited), so the
+    # other user is answered by its own catalog: no such file, although the kernel was shown
+    # the name.
+    for user, other in ((a, b), (b, a)):
+        mine = here / f"{user.pw_name}.bin"
+        result = as_user(user, "cat", str(mine), env=envs[user.pw_name], text=False)
+        assert result.returncode == 0 and result.stdout == data[user]
+        result = as_user(other, "cat", str(mine), env=envs[other.pw_name], text=False)
+        assert result.returncode != 0 and result.stdout == b""
+    # bob does not even see alice's own collection; he sees `public` but may not write
+    # there (the server refuses the upload: close fails); without credentials, nothing.
+    result = as_user(b, "ls", str(alone), env=envs[b.pw_name])
+    assert result.returncode != 0 and "No such file" in result.stderr
+    for user, where in ((b, mnt / "public" / "b.txt"), (e, here / "e.txt")):
+        source = owned_file(user, Path(user.pw_dir) / "src.bin", b"refused")
+        result = as_user(user, "cp", str(source), str(where), env=envs.get(user.pw_name, {}))
+        assert result.returncode != 0 and "Permission denied" in result.stderr, result.stderr
+    assert irods_server.stored(f"/{irods_server.zone}/home/public/b.txt") is None
+    assert irods_server.stored(f"{shared}/e.txt") is None
+    assert irods_server.stored(f"{private}/b.txt") is None
+    # bob's refused file is pending, his alone; he lets go of it with rm.
+    listed = run_cli("uploads", str(mnt)).stdout
+    assert f"pending /public/b.txt of uid {b.pw_uid}" in listed, listed
+    assert "b.txt" not in as_user(a, "ls", str(mnt / "public"), env=envs[a.pw_name]).stdout
+    result = as_user(b, "rm", str(mnt / "public" / "b.txt"), env=envs[b.pw_name])
+    assert result.returncode == 0, result.stderr
+    assert "no pending uploads" in run_cli("uploads", str(mnt)).stdout
+    assert OTHER_PASSWORD not in log.read_text() and PASSWORD not in log.read_text()
+
+
+def irods_users(irods_server, accounts: dict) -> dict[str, dict[str, str]]:
+    """Give each local user its iRODS environment file (as that user's own, 0600) for the
+    account it is mapped to; returns each user's process environment (its password)."""
     host, port = irods_server.netloc.split(":")
     envs = {}
-    for user, irods_user, password in ((a, USER, PASSWORD), (b, OTHER, OTHER_PASSWORD)):
+    for user, (irods_user, password) in accounts.items():
         home = Path(user.pw_dir) / ".irods"
         home.mkdir(exist_ok=True)
         os.chown(home, user.pw_uid, user.pw_gid)
@@ -204,54 +280,69 @@ def test_each_irods_user_sees_what_its_grants_allow(irods_server, users, per_use
             {"irods_host": host, "irods_port": int(port), "irods_user_name": irods_user,
              "irods_zone_name": irods_server.zone}))
         envs[user.pw_name] = {"IRODS_PASSWORD": password}
+    return envs
+
+
+def irods_url(irods_server) -> str:
     api_path = "/" + "/".join(irods_server.api.split("/")[3:])
-    mnt, _ = per_user_mount(f"irods://{irods_server.netloc}/{irods_server.zone}/home"
-                              f"?api_path={api_path}")
-    mine = mnt / USER / private.rsplit("/", 1)[1] / "mine.dat"
-    result = as_user(a, "cat", str(mine), env=envs[a.pw_name])
-    assert result.returncode == 0 and result.stdout == "alice's data"
-    result = as_user(b, "cat", str(mine), env=envs[b.pw_name])
-    assert result.returncode != 0 and result.stdout == ""
-    assert "Permission denied" in result.stderr or "No such file" in result.stderr
-    # Writing is refused on a per-user mount (read-only for now).
-    result = as_user(a, "sh", "-c", f"echo x > {mnt / USER / 'new.txt'}", env=envs[a.pw_name])
-    assert result.returncode != 0 and "Read-only file system" in result.stderr
+    return f"irods://{irods_server.netloc}/{irods_server.zone}/home?api_path={api_path}"
 
 
 # -- S3 ----------------------------------------------------------------------------------------
 
+class S3Accounts:
+    """Two versitygw accounts for users a and b, and a bucket only a's account owns: a keeps
+    its key in ``~/.aws/credentials`` (read as a), b in its environment (:attr:`env_b`)."""
+
+    def __init__(self, s3_server, a: pwd.struct_passwd, b: pwd.struct_passwd) -> None:
+        import uuid
+
+        import botocore.session
+
+        env = s3_server.env
+        self.endpoint = env["VGW_ENDPOINT"]
+        admin = [env["VGW_BIN"], "admin", "-a", env["AWS_ACCESS_KEY_ID"], "-s",
+                 env["AWS_SECRET_ACCESS_KEY"], "--er", self.endpoint]
+        tag = uuid.uuid4().hex[:8]
+        self.keys = {user.pw_name: (f"pu-{tag}-{i}", f"secret-{tag}-{i}")
+                     for i, user in enumerate((a, b))}
+        for access, secret in self.keys.values():
+            subprocess.run([*admin, "create-user", "--access", access, "--secret", secret,
+                            "--role", "user"], check=True, capture_output=True)
+        self.bucket = f"pu-{tag}"
+        subprocess.run([*admin, "create-bucket", "--owner", self.keys[a.pw_name][0],
+                        "--bucket", self.bucket], check=True, capture_output=True)
+        #: A client of a's account: the tests' own view of the bucket.
+        self.owner = botocore.session.get_session().create_client(
+            "s3", endpoint_url=self.endpoint, region_name="us-east-1",
+            aws_access_key_id=self.keys[a.pw_name][0],
+            aws_secret_access_key=self.keys[a.pw_name][1])
+        aws = Path(a.pw_dir) / ".aws"
+        aws.mkdir(exist_ok=True)
+        os.chown(aws, a.pw_uid, a.pw_gid)
+        access, secret = self.keys[a.pw_name]
+        owned_file(a, aws / "credentials", f"[default]\naws_access_key_id = {access}\n"
+                   f"aws_secret_access_key = {secret}\n")
+        self.env_b = {"AWS_ACCESS_KEY_ID": self.keys[b.pw_name][0],
+                      "AWS_SECRET_ACCESS_KEY": self.keys[b.pw_name][1]}
+
+    def stored(self, key: str) -> bytes | None:
+        try:
+            return self.owner.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except self.owner.exceptions.NoSuchKey:
+            return None
+
+    def secrets(self) -> list[str]:
+        return [secret for _access, secret in self.keys.values()]
+
+
 def test_each_s3_user_reads_only_what_its_account_may(s3_server, users, per_user_mount):
-    import uuid
-
-    import botocore.session
-
-    env = s3_server.env
-    endpoint = env["VGW_ENDPOINT"]
-    admin = [env["VGW_BIN"], "admin", "-a", env["AWS_ACCESS_KEY_ID"], "-s",
-             env["AWS_SECRET_ACCESS_KEY"], "--er", endpoint]
     a, b, e = users["rfs-pu-a"], users["rfs-pu-b"], users["rfs-pu-e"]
-    tag = uuid.uuid4().hex[:8]
-    keys = {user.pw_name: (f"pu-{tag}-{i}", f"secret-{tag}-{i}") for i, user in enumerate((a, b))}
-    for access, secret in keys.values():
-        subprocess.run([*admin, "create-user", "--access", access, "--secret", secret,
-                        "--role", "user"], check=True, capture_output=True)
-    bucket = f"pu-{tag}"
-    subprocess.run([*admin, "create-bucket", "--owner", keys[a.pw_name][0], "--bucket", bucket],
-                   check=True, capture_output=True)
-    owner = botocore.session.get_session().create_client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1",
-        aws_access_key_id=keys[a.pw_name][0], aws_secret_access_key=keys[a.pw_name][1])
-    owner.put_object(Bucket=bucket, Key="run/data.txt", Body=b"a's data")
-    # a keeps its key in ~/.aws/credentials (read as a), b in its environment.
-    aws = Path(a.pw_dir) / ".aws"
-    aws.mkdir(exist_ok=True)
-    os.chown(aws, a.pw_uid, a.pw_gid)
-    access, secret = keys[a.pw_name]
-    owned_file(a, aws / "credentials", f"[default]\naws_access_key_id = {access}\n"
-               f"aws_secret_access_key = {secret}\n")
-    env_b = {"AWS_ACCESS_KEY_ID": keys[b.pw_name][0],
-             "AWS_SECRET_ACCESS_KEY": keys[b.pw_name][1]}
-    mnt, log = per_user_mount(f"s3://{bucket}", "-o", f"endpoint_url={endpoint}")
+    accounts = S3Accounts(s3_server, a, b)
+    accounts.owner.put_object(Bucket=accounts.bucket, Key="run/data.txt", Body=b"a's data")
+    env_b = accounts.env_b
+    mnt, log = per_user_mount(f"s3://{accounts.bucket}", "-o",
+                              f"endpoint_url={accounts.endpoint}")
     result = as_user(a, "cat", str(mnt / "run" / "data.txt"))
     assert result.returncode == 0 and result.stdout == "a's data", result.stderr
     for user, user_env in ((b, env_b), (e, {})):  # another account; no credentials at all
@@ -259,7 +350,68 @@ def test_each_s3_user_reads_only_what_its_account_may(s3_server, users, per_user
         assert result.returncode != 0 and "Permission denied" in result.stderr
         assert result.stdout == ""
     text = log.read_text()
-    assert keys[a.pw_name][1] not in text and keys[b.pw_name][1] not in text
+    assert not any(secret in text for secret in accounts.secrets())
+
+
+def test_each_s3_user_writes_only_where_its_account_may(s3_server, users, per_user_mount):
+    a, b, e = users["rfs-pu-a"], users["rfs-pu-b"], users["rfs-pu-e"]
+    accounts = S3Accounts(s3_server, a, b)
+    mnt, log = per_user_mount(f"s3://{accounts.bucket}", "-o",
+                              f"endpoint_url={accounts.endpoint}")
+    data = os.urandom(9 << 20)  # more than one part
+    source = owned_file(a, Path(a.pw_dir) / "src.bin", data)
+    result = as_user(a, "sh", "-c", f"mkdir {mnt}/out && cp {source} {mnt}/out/new.bin")
+    assert result.returncode == 0, result.stderr
+    assert accounts.stored("out/new.bin") == data
+    for user, user_env in ((b, accounts.env_b), (e, {})):  # another account; none at all
+        source = owned_file(user, Path(user.pw_dir) / "src.bin", b"refused")
+        result = as_user(user, "cp", str(source), f"{mnt}/b.bin", env=user_env)
+        assert result.returncode != 0 and "Permission denied" in result.stderr, result.stderr
+        assert accounts.stored("b.bin") is None
+    # a's own listing shows what a wrote; nothing another user tried.
+    result = as_user(a, "ls", "-R", str(mnt))
+    assert "new.bin" in result.stdout and "b.bin" not in result.stdout, result.stdout
+    assert not any(secret in log.read_text() for secret in accounts.secrets())
+
+
+def test_a_users_write_survives_a_killed_daemon(s3_server, users, per_user_mount):
+    """Async write-back: a close that returned 0 reaches the server although the daemon is
+    killed before the upload could succeed. The next mount takes the user's staged file over
+    when that user comes back (its upload needs the user's credentials), never for another
+    user, and uploads it as that user."""
+    a, b = users["rfs-pu-a"], users["rfs-pu-b"]
+    accounts = S3Accounts(s3_server, a, b)
+    data = os.urandom(200_000)
+    source = owned_file(a, Path(a.pw_dir) / "src.bin", data)
+    staging = Path(tempfile.mkdtemp(prefix="rucio-fs-pu-staging-"))
+    try:
+        with fault_proxy(accounts.endpoint) as proxy:
+            options = ("-o", f"endpoint_url={proxy.url}", "-o", "timeout=1s",
+                       "--write-back", "async", "--staging-dir", str(staging))
+            url = f"s3://{accounts.bucket}"
+            first, _ = per_user_mount(url, *options)
+            proxy.inject("error", "/late.bin", method="PUT")
+            result = as_user(a, "cp", str(source), f"{first}/late.bin")
+            assert result.returncode == 0, result.stderr
+            listed = run_cli("uploads", str(first)).stdout
+            assert f"late.bin of uid {a.pw_uid}" in listed, listed
+            pid = json.loads(run_cli("stats", str(first), "--format", "json").stdout)["pid"]
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not os.path.exists(f"/proc/{pid}"))
+            subprocess.run(["fusermount3", "-u", "-z", str(first)], capture_output=True)
+            assert accounts.stored("late.bin") is None
+            proxy.clear()
+            second, _ = per_user_mount(url, *options)
+            # Another user's first request takes over nothing of a's.
+            as_user(b, "ls", str(second), env=accounts.env_b)
+            assert "no pending uploads" in run_cli("uploads", str(second)).stdout
+            result = as_user(a, "ls", str(second))
+            assert "late.bin" in result.stdout, result.stderr
+            wait_for(lambda: accounts.stored("late.bin") == data, timeout=30, interval=0.3)
+            wait_for(lambda: "no pending uploads" in run_cli("uploads", str(second)).stdout,
+                     timeout=10, interval=0.2)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 # -- finding a caller's credentials (in-process) --------------------------------------------
