@@ -374,6 +374,30 @@ def test_each_s3_user_writes_only_where_its_account_may(s3_server, users, per_us
     assert not any(secret in log.read_text() for secret in accounts.secrets())
 
 
+def test_pending_writes_follow_the_users_renewed_credentials(s3_server, users, per_user_mount):
+    """A file pending under a user's old credentials is still that user's after they change:
+    shown to them, and uploaded with the new ones."""
+    a, b = users["rfs-pu-a"], users["rfs-pu-b"]
+    accounts = S3Accounts(s3_server, a, b)
+    source = owned_file(a, Path(a.pw_dir) / "src.bin", b"pending across a renewal")
+    with fault_proxy(accounts.endpoint) as proxy:
+        mnt, log = per_user_mount(f"s3://{accounts.bucket}", "-o", f"endpoint_url={proxy.url}",
+                                  "-o", "timeout=1s")
+        proxy.inject("error", "/kept.bin", method="PUT")
+        result = as_user(a, "cp", str(source), f"{mnt}/kept.bin")
+        assert result.returncode != 0  # sync: close reports the refused upload
+        # The same key, now given in a's environment: a new credential set, a new catalog.
+        access, secret = accounts.keys[a.pw_name]
+        renewed = {"AWS_ACCESS_KEY_ID": access, "AWS_SECRET_ACCESS_KEY": secret}
+        time.sleep(2.2)  # credentials are looked at again after 2 s
+        result = as_user(a, "cat", f"{mnt}/kept.bin", env=renewed)
+        assert result.stdout == "pending across a renewal", result.stderr
+        assert "credentials changed" in log.read_text()
+        proxy.clear()
+        assert run_cli("uploads", str(mnt), "--retry").returncode == 0
+        assert accounts.stored("kept.bin") == b"pending across a renewal"
+
+
 def test_a_users_write_survives_a_killed_daemon(s3_server, users, per_user_mount):
     """Async write-back: a close that returned 0 reaches the server although the daemon is
     killed before the upload could succeed. The next mount takes the user's staged file over
