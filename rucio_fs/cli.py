@@ -78,6 +78,9 @@ def cli() -> None:
               help="Whose credentials serve a request: the mounting user's, or each calling "
                    "user's own, found as their own client would (needs root and "
                    "--allow-other; docs/per-user.md).")
+@click.option("--identity-map", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Per-user mounts: the site's settings per local user (account, profile, "
+                   "proxy path), in place of the user's own (docs/per-user.md).")
 @click.option("--log-file", type=click.Path(dir_okay=False),
               help="Daemon log (default: <runtime dir>/mount-<pid>.log).")
 @click.option("--cold", is_flag=True, help="Turn every cache layer off.")
@@ -100,9 +103,10 @@ def cli() -> None:
               help="Backend option, the same as ?KEY=VALUE in the URL (repeatable), "
                    "e.g. -o endpoint_url=http://127.0.0.1:7070 for s3://.")
 def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other: bool,
-          identity: str, log_file: str | None, cold: bool, no_disk_cache: bool, xattrs: bool,
-          read_ahead_kb: int, max_background: int, max_tasks: int, kernel_flags: tuple[str, ...],
-          options: tuple[str, ...], **config: Any) -> int:
+          identity: str, identity_map: str | None, log_file: str | None, cold: bool,
+          no_disk_cache: bool, xattrs: bool, read_ahead_kb: int, max_background: int,
+          max_tasks: int, kernel_flags: tuple[str, ...], options: tuple[str, ...],
+          **config: Any) -> int:
     """Mount the catalog at URL (demo://, ...) on MOUNTPOINT.
 
     Returns once the mount is ready, leaving the daemon in the background (unless -f).
@@ -114,7 +118,7 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
     url = with_options(url, options)
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
                                  log_file, max_tasks, xattrs, read_ahead_kb, max_background,
-                                 identity, kernel_flags))
+                                 identity, kernel_flags, identity_map))
 
 
 def with_options(url: str, options: tuple[str, ...]) -> str:

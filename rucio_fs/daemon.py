@@ -44,6 +44,7 @@ from .errors import (
 from .fs import RucioFs
 from .identities import Identities
 from .identity import Caller, CallerCredentials, private_directory
+from .identity_map import IdentityMap
 from .mounts import find_mount, require_rucio_fs, runtime_dir, socket_path
 from .registry import backend_class, open_backend
 from .stats import Stats
@@ -77,6 +78,8 @@ class MountRequest:
     identity: str = "mount"
     #: Kernel mount flags (``nosuid``, ``ro``, ...), as mount(8) passes them to the helper.
     kernel_flags: tuple[str, ...] = ()
+    #: A per-user mount's site identity map (:mod:`rucio_fs.identity_map`), if any.
+    identity_map: str | None = None
 
 
 def check_mountpoint(mountpoint: str) -> str:
@@ -123,7 +126,8 @@ def claim_mountpoint(path: str) -> int:
 
 def mount(req: MountRequest) -> int:
     """Mount as requested; returns the process exit code. Background: returns once mounted."""
-    backend = check_per_user(req) if req.identity == "per-user" else open_backend(req.url)
+    check_per_user(req)
+    backend = None if req.identity == "per-user" else open_backend(req.url)
     req.mountpoint = check_mountpoint(req.mountpoint)
     claim_mountpoint(req.mountpoint)  # held (inherited by the daemon) until it exits
     if req.foreground:
@@ -216,6 +220,11 @@ def _run(req: MountRequest, backend: Backend | None, ready_fd: int | None) -> in
 
 def check_per_user(req: MountRequest) -> None:
     """Refuse a per-user mount that could serve one user with another's view (one line)."""
+    if req.identity != "per-user":
+        if req.identity_map:
+            raise InvalidInput("--identity-map maps each user's identity: it needs "
+                               "--identity per-user")
+        return
     if not req.allow_other:
         raise InvalidInput("--identity per-user needs --allow-other (other users must reach "
                            "the mount to be served as themselves)")
@@ -231,6 +240,8 @@ def check_per_user(req: MountRequest) -> None:
     cls = backend_class(req.url)
     if cls.for_caller.__func__ is Backend.for_caller.__func__:  # type: ignore[attr-defined]
         raise InvalidInput(f"{cls.scheme}: this backend cannot serve each user as themselves")
+    if req.identity_map:
+        IdentityMap.load(req.identity_map, cls.credential_env)
     # The URL itself is checked now, with the mounting user's credentials (having none is
     # fine: this mount never uses them).
     mine = CallerCredentials.of(Caller(os.getuid(), os.getgid(), os.getpid()),
@@ -276,7 +287,9 @@ def _per_user(req: MountRequest, stats: Stats, ops_holder: list[RucioFs]) -> Ide
         return catalog
 
     private = private_directory(str(runtime_dir() / f"per-user-{os.getpid()}"))
-    return Identities(make_backend, make_catalog, cls.credential_env, private)
+    mapping = (IdentityMap.load(req.identity_map, cls.credential_env)
+               if req.identity_map else None)
+    return Identities(make_backend, make_catalog, cls.credential_env, private, mapping)
 
 
 def _user_writeback(req: MountRequest, writebacks: dict[int, WriteBack], uid: int,

@@ -26,6 +26,7 @@ import trio
 from .backend import Backend
 from .errors import NoCredentials, RucioFsError
 from .identity import Caller, CallerCredentials
+from .identity_map import IdentityMap
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,11 @@ class Identities:
 
     def __init__(self, make_backend: MakeBackend,
                  make_catalog: Callable[[Backend, CallerCredentials], Any],
-                 credential_env: tuple[str, ...], private_dir: str) -> None:
+                 credential_env: tuple[str, ...], private_dir: str,
+                 identity_map: IdentityMap | None = None) -> None:
         self.make_backend = make_backend
+        #: The site's settings per user, which win over the caller's environment.
+        self.identity_map = identity_map
         self.make_catalog = make_catalog
         self.credential_env = credential_env
         self.private_dir = private_dir
@@ -88,8 +92,10 @@ class Identities:
             return identity.catalog
 
     async def _current(self, caller: Caller, known: _Identity | None) -> _Identity:
+        mapped = (self.identity_map.for_user(caller.uid) if self.identity_map is not None
+                  else {})
         credentials = await trio.to_thread.run_sync(
-            CallerCredentials.of, caller, self.credential_env, self.private_dir)
+            CallerCredentials.of, caller, self.credential_env, self.private_dir, mapped)
         environ = dict(credentials.environ)
         if (known is not None and known.environ == environ
                 and not await trio.to_thread.run_sync(known.credentials.changed, credentials)):

@@ -96,8 +96,10 @@ class CallerCredentials:
     _read: dict[str, tuple[tuple[int, int, int], bytes]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, caller: Caller, names: Iterable[str], private_dir: str) -> CallerCredentials:
-        """The credentials of ``caller`` (its environment restricted to ``names``)."""
+    def of(cls, caller: Caller, names: Iterable[str], private_dir: str,
+           mapped: Mapping[str, str] | None = None) -> CallerCredentials:
+        """The credentials of ``caller`` (its environment restricted to ``names``, with
+        ``mapped`` settings of the site's identity map in place of its own)."""
         try:
             entry = pwd.getpwuid(caller.uid)
             home, user = entry.pw_dir, entry.pw_name
@@ -110,8 +112,8 @@ class CallerCredentials:
         if environ is not None and process_uid(caller.pid) != caller.uid:
             environ = None
         root = f"/proc/{caller.pid}/root" if environ is not None else ""
-        return cls(caller.uid, caller.gid, caller.pid, environ or {}, home, user, groups,
-                   root, private_dir)
+        return cls(caller.uid, caller.gid, caller.pid, {**(environ or {}), **(mapped or {})},
+                   home, user, groups, root, private_dir)
 
     def expand(self, path: str) -> str:
         """``~`` and ``$VAR`` (from the caller's environment, then ``HOME``) expanded."""

@@ -179,6 +179,84 @@ def test_a_renewed_proxy_is_picked_up_and_an_unreadable_one_refused(rucio_server
         shutil.rmtree(root_only.parent)
 
 
+def test_the_sites_identity_map_decides_each_users_account(rucio_server, users,
+                                                           per_user_mount, tmp_path):
+    c, d = users["rfs-pu-c"], users["rfs-pu-d"]
+    # c holds alice's password and says account root; the map makes it alice.
+    env_c = {"RUCIO_CONFIG": str(rucio_cfg(rucio_server, c, username="alice",
+                                           password="alicepw", account="root")),
+             "RUCIO_ACCOUNT": "root"}
+    # d holds root's login: the map's default (alice) is not d's to take.
+    env_d = {"RUCIO_CONFIG": str(rucio_cfg(rucio_server, d)), "RUCIO_ACCOUNT": "root"}
+    mapping = tmp_path / "identities"
+    mapping.write_text("# the site's accounts\nrfs-pu-c  RUCIO_ACCOUNT=alice\n"
+                       "*  RUCIO_ACCOUNT='alice'\n")
+    mnt, log = per_user_mount("rucio:///bench", "--xattrs", "--identity-map", str(mapping))
+    assert account_of(c, mnt, env_c) == "alice"
+    assert "Permission denied" in account_of(d, mnt, env_d)
+    # The site changes the map: read again without a remount.
+    mapping.write_text(mapping.read_text() + f"{d.pw_uid}  RUCIO_ACCOUNT=root\n")
+    deadline = time.monotonic() + 15
+    while account_of(d, mnt, env_d) != "root" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert account_of(d, mnt, env_d) == "root"
+    assert account_of(c, mnt, env_c) == "alice"
+    assert "identity map" in log.read_text() and "alicepw" not in log.read_text()
+
+
+@pytest.mark.parametrize("content, mode, message", [
+    ("root RUCIO_ACCOUNT=x\n", 0o666, "writable by no one else"),
+    ("root AWS_PROFILE=x\n", 0o644, "line 1: AWS_PROFILE is not a setting this catalog reads"),
+    ("nosuchuser-xyz RUCIO_ACCOUNT=x\n", 0o644, "line 1: no local user 'nosuchuser-xyz'"),
+    ("# fine\nroot RUCIO_ACCOUNT\n", 0o644, "line 2: expected VARIABLE=value"),
+    ("root RUCIO_ACCOUNT='x\n", 0o644, "line 1: No closing quotation"),
+    ("root RUCIO_ACCOUNT=x\n0 RUCIO_ACCOUNT=y\n", 0o644, "line 2: 0 is named twice"),
+])
+def test_a_bad_identity_map_is_one_line(rucio_server, tmp_path, content, mode, message):
+    mapping = tmp_path / "identities"
+    mapping.write_text(content)
+    mapping.chmod(mode)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    result = subprocess.run([*RUCIO_FS, "mount", "rucio:///bench", str(mnt), "--allow-other",
+                             "--identity", "per-user", "--identity-map", str(mapping)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stdout == ""
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, \
+        result.stderr
+    assert find_mount(str(mnt)) is None
+
+
+def test_an_identity_map_is_read_again_and_a_broken_change_kept_out(tmp_path):
+    from rucio_fs.errors import InvalidInput
+    from rucio_fs.identity_map import IdentityMap
+
+    path = tmp_path / "identities"
+    path.write_text("root  RUCIO_ACCOUNT=ops  X509_USER_PROXY=/proxies/{user}-{uid}\n"
+                    "*  RUCIO_ACCOUNT=guest\n")
+    mapping = IdentityMap.load(str(path), ("RUCIO_ACCOUNT", "X509_USER_PROXY"))
+    assert mapping.for_user(0) == {"RUCIO_ACCOUNT": "ops",
+                                   "X509_USER_PROXY": "/proxies/root-0"}
+    assert mapping.for_user(54321) == {"RUCIO_ACCOUNT": "guest"}
+    path.write_text("root  RUCIO_ACCOUNT=ops2\n")
+    assert mapping.for_user(0) == {"RUCIO_ACCOUNT": "ops2"}
+    assert mapping.for_user(54321) == {}  # no default any more
+    path.write_text("root  NOT_A_SETTING=1\n")  # broken: the version before stays
+    assert mapping.for_user(0) == {"RUCIO_ACCOUNT": "ops2"}
+    with pytest.raises(InvalidInput, match="NOT_A_SETTING is not a setting"):
+        IdentityMap.load(str(path), ("RUCIO_ACCOUNT",))
+
+
+def test_an_identity_map_needs_a_per_user_mount(tmp_path):
+    mapping = tmp_path / "identities"
+    mapping.write_text("")
+    result = subprocess.run([*RUCIO_FS, "mount", "demo://", str(tmp_path),
+                             "--identity-map", str(mapping)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "needs --identity per-user" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_per_user_needs_allow_other_and_refuses_shared_layers(rucio_server, tmp_path):
     for extra, message in ((["--identity", "per-user"], "needs --allow-other"),
                            (["--identity", "per-user", "--allow-other", "--cache-dir",
