@@ -550,8 +550,10 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
                 raise InvalidInput("a per-user mount's pending files are each user's own: "
                                    "--discard is not offered there")
             # A per-user mount: every user's write-back, its files named with the uid.
-            result: dict[str, list] = {"pending": [], "queued": [], "dropped": [],
-                                       "failed": []}
+            result: dict[str, list] = {
+                "pending": [], "queued": [], "dropped": [], "failed": [],
+                "discarded": [p for p in message.get("discard", [])
+                              if await ops.discard_pending(p)]}
             for writes in ops.writebacks():
                 owner = {"uid": writes.uid} if writes.uid is not None else {}
                 if message.get("retry"):
@@ -565,8 +567,6 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
                                        "staged": d.where, **owner} for d in writes.pending()]
                 result["queued"] += [{**q, **owner} for q in writes.queued()]
                 result["dropped"] += writes.queue.take_failed()
-            result["discarded"] = [p for p in message.get("discard", [])
-                                   if await ops.discard_pending(p)]
             return result
         if op == "warm_start":
             if ops.identities is not None:
