@@ -12,6 +12,10 @@ requests instead (HEAD and 4 KiB PUT of URL; signed with SigV4 when ``AWS_ACCESS
 set, as for the ``server.env`` of ``scripts/servers/s3.sh``)::
 
     python benchmarks/bench_http.py http://127.0.0.1:PORT/bucket/key --small 2000
+    python benchmarks/bench_http.py http://127.0.0.1:PORT/bucket/key --small 50 --idle 0.2
+
+``--signing N [--idle S]`` compares SigV4 signing (botocore's and the daemon's) instead; the
+URL is then not used.
 """
 
 from __future__ import annotations
@@ -169,57 +173,21 @@ def httpx_stream(url: str, ctx: ssl.SSLContext | bool, total: int) -> float:
     return time.perf_counter() - start
 
 
-def small_requests(url: str, count: int) -> None:
+def small_requests(url: str, count: int, idle: float) -> None:
     """Catalog-sized requests (HEAD, and PUT of 4 KiB back to ``url``) one after another on
-    trio through httpx with its own transport and with ``http.client`` in a worker thread
-    under it: the daemon's CPU per request (``time.process_time``, all threads) and the wall
-    time."""
-    import functools
-
+    trio, through httpx's own connection machinery (httpcore/h11 on trio sockets) and
+    through :class:`rucio_fs.http.ApiClient` (built and signed by httpx, sent by
+    ``http.client`` in a worker thread): the daemon's CPU per request (``time.process_time``,
+    all threads) and the wall time. ``idle``: seconds of quiet before each request, as a
+    first byte meets it (the loop, the threads and the CPU caches have gone cold)."""
     import httpx
     import trio
 
-    from rucio_fs.http import _Pool
-
-    class ThreadedTransport(httpx.AsyncBaseTransport):
-        """The candidate: httpx above, ``http.client`` in a worker thread below (the read
-        path's pool), each answer read whole."""
-
-        def __init__(self) -> None:
-            self.pool = _Pool(ssl.create_default_context(), 30.0, max_idle=16)
-
-        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-            body = await request.aread()
-            status, headers, content = await trio.to_thread.run_sync(
-                functools.partial(self.send, request, body))
-            return httpx.Response(status, headers=headers, stream=httpx.ByteStream(content),
-                                  request=request)
-
-        def send(self, request: httpx.Request, body: bytes) -> tuple[int, list, bytes]:
-            url = request.url
-            key = (url.scheme, url.host, url.port or 80)
-            conn = self.pool.get(*key)
-            conn.putrequest(request.method, url.raw_path.decode(), skip_host=True,
-                            skip_accept_encoding=True)
-            for name, value in request.headers.raw:
-                conn.putheader(name, value)
-            conn.endheaders(body or None)
-            response = conn.getresponse()
-            content = response.read()
-            self.pool.put(*key, conn)
-            return response.status, response.getheaders(), content
+    from rucio_fs.http import ApiClient
 
     body = b"x" * 4096
-
-    async def run(client: httpx.AsyncClient, method: str) -> tuple[float, float]:
-        cpu, wall = time.process_time(), time.perf_counter()
-        for _ in range(count):
-            response = await client.request(method, url,
-                                             content=body if method == "PUT" else None)
-            await response.aread()
-            assert response.status_code == 200, response.status_code
-        return ((time.process_time() - cpu) / count * 1e6,
-                (time.perf_counter() - wall) / count * 1e6)
+    parts = urlsplit(url)
+    base = f"{parts.scheme}://{parts.netloc}"
 
     signer = None
     if os.environ.get("AWS_ACCESS_KEY_ID"):  # an S3 server: sign as the daemon does
@@ -229,20 +197,82 @@ def small_requests(url: str, count: int) -> None:
         signer = SigV4(botocore.session.get_session().get_credentials(),
                        os.environ.get("AWS_REGION", "us-east-1"))
 
+    httpx_client = httpx.AsyncClient(auth=signer)
+    api = ApiClient(base, signer=signer)
+
+    async def via_httpx(method: str) -> None:
+        response = await httpx_client.request(method, url,
+                                              content=body if method == "PUT" else None)
+        await response.aread()
+        assert response.status_code == 200, response.status_code
+
+    async def via_api(method: str) -> None:
+        await api.request(method, parts.path, content=body if method == "PUT" else None)
+
+    async def run(send: Callable, method: str) -> tuple[float, float]:
+        cpu = wall = 0.0
+        for _ in range(count):
+            if idle:
+                await trio.sleep(idle)
+            c, w = time.process_time(), time.perf_counter()
+            await send(method)
+            cpu += time.process_time() - c
+            wall += time.perf_counter() - w
+        return cpu / count * 1e6, wall / count * 1e6
+
     async def main() -> None:
-        clients = {"httpx (httpcore/h11)": httpx.AsyncClient(auth=signer),
-                   "httpx over ThreadedTransport": httpx.AsyncClient(
-                       transport=ThreadedTransport(), auth=signer)}
+        clients = {"httpx (httpcore/h11 on trio)": via_httpx,
+                   "ApiClient (http.client thread)": via_api}
         for method in ("PUT", "HEAD"):
-            for name, client in clients.items():
-                await run(client, method)  # warm: connections made
-                cpu, wall = await run(client, method)
-                print(f"{method:4s} {name:30s} {cpu:6.0f} us CPU {wall:6.0f} us wall",
-                      flush=True)
-        for client in clients.values():
-            await client.aclose()
+            for name, send in clients.items():
+                await send(method)  # warm: connections made
+                cpu, wall = await run(send, method)
+                print(f"{method:4s} {name:31s} {cpu:6.0f} us CPU {wall:6.0f} us wall"
+                      + (f" (after {idle * 1000:.0f} ms idle)" if idle else ""), flush=True)
+        await httpx_client.aclose()
+        await api.aclose()
 
     trio.run(main)
+
+
+def signing(count: int, idle: float) -> None:
+    """SigV4 of an S3 LIST request and of a presigned GET: botocore's signer against
+    ``rucio_fs.backends.s3.signing`` (the daemon's), each after ``idle`` seconds of quiet."""
+    import botocore.credentials
+    from botocore.auth import S3SigV4Auth, S3SigV4QueryAuth
+    from botocore.awsrequest import AWSRequest
+    from rucio_fs.backends.s3.signing import SigV4
+
+    creds = botocore.credentials.Credentials("AKIDEXAMPLE", "secret")
+    ours = SigV4(creds, "us-east-1")
+    url = "http://127.0.0.1:7070/bucket/run/file-{}.dat"
+    listing = "/bucket/?list-type=2&prefix=run%2Ffile-{}.dat&max-keys=2&delimiter=%2F"
+
+    def botocore_headers(i: int) -> None:
+        request = AWSRequest(method="GET", url="http://127.0.0.1:7070" + listing.format(i))
+        S3SigV4Auth(creds.get_frozen_credentials(), "s3", "us-east-1").add_auth(request)
+
+    def botocore_presign(i: int) -> None:
+        request = AWSRequest(method="GET", url=url.format(i))
+        S3SigV4QueryAuth(creds.get_frozen_credentials(), "s3", "us-east-1",
+                         expires=3600).add_auth(request)
+
+    cases = {"headers, botocore": botocore_headers,
+             "headers, rucio-fs": lambda i: ours.sign_headers(
+                 "GET", "127.0.0.1:7070", listing.format(i), {}),
+             "presign, botocore": botocore_presign,
+             "presign, rucio-fs": lambda i: ours.presign(url.format(i), 3600)}
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for i in range(count):
+        for name, sign in cases.items():
+            time.sleep(idle)
+            start = time.perf_counter()
+            sign(i)
+            times[name].append((time.perf_counter() - start) * 1e6)
+    for name, values in times.items():
+        values.sort()
+        print(f"{name:18s} median {values[len(values) // 2]:6.0f} us"
+              + (f" (after {idle * 1000:.0f} ms idle)" if idle else ""))
 
 
 def main() -> None:
@@ -253,9 +283,16 @@ def main() -> None:
     ap.add_argument("--cacert")
     ap.add_argument("--small", type=int, default=0, metavar="N",
                     help="instead: N small requests to URL (a writable object), per client")
+    ap.add_argument("--idle", type=float, default=0.0, metavar="SECONDS",
+                    help="--small: quiet before each request (e.g. 0.2: a first byte's case)")
+    ap.add_argument("--signing", type=int, default=0, metavar="N",
+                    help="instead: N SigV4 signatures per signer (with --idle between)")
     args = ap.parse_args()
+    if args.signing:
+        signing(args.signing, args.idle)
+        return
     if args.small:
-        small_requests(args.url, args.small)
+        small_requests(args.url, args.small, args.idle)
         return
     total = args.size_mib << 20
     ctx = ssl.create_default_context(cafile=args.cacert) if args.cacert else None

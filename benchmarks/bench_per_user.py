@@ -54,11 +54,11 @@ def remove_users(users: list) -> None:
         subprocess.run(["userdel", "-r", "-f", user.pw_name], capture_output=True)
 
 
-def mount(root: Path, name: str, *options: str) -> Mount:
-    """``rucio:///bench`` on a mountpoint every user can reach."""
+def mount(root: Path, name: str, query: str, *options: str) -> Mount:
+    """``rucio:///bench[?query]`` on a mountpoint every user can reach."""
     path = root / name
     path.mkdir(mode=0o755)
-    return Mount.start("rucio:///bench", path, *options)
+    return Mount.start("rucio:///bench" + (f"?{query}" if query else ""), path, *options)
 
 
 def at_once(users: list, command: list[str], per_user: bool = False) -> list[float]:
@@ -82,16 +82,20 @@ def at_once(users: list, command: list[str], per_user: bool = False) -> list[flo
 def main() -> int:
     ap = rucio_arguments(__doc__, "per_user", repeat=7)
     ap.add_argument("--users", type=int, default=10)
+    ap.add_argument("--url-options", default="", metavar="K=V[&K=V]",
+                    help="backend options of both mounts (e.g. rses=DAV: the site's RSE, "
+                         "whose first reads are guessed from the start)")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="rucio-fs-bench-per-user-"))
     root.chmod(0o755)
-    results: dict = {"kernel": os.uname().release, "cpus": os.cpu_count(), "users": args.users}
+    results: dict = {"kernel": os.uname().release, "cpus": os.cpu_count(), "users": args.users,
+                     "url_options": args.url_options}
     with rucio_server(args.server, root) as (server, _):
         catalog = json.loads((server / "catalog.json").read_text())
         users = make_users(args.users, server)
-        mounts = {"single": mount(root, "single", "--allow-other"),
-                  "per-user": mount(root, "per-user", "--allow-other", "--identity",
-                                    "per-user")}
+        mounts = {"single": mount(root, "single", args.url_options, "--allow-other"),
+                  "per-user": mount(root, "per-user", args.url_options, "--allow-other",
+                                    "--identity", "per-user")}
         try:
             first = at_once(users, ["ls", str(mounts["per-user"].path)])
             results["per_user_first_request_s"] = max(first)

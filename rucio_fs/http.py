@@ -3,11 +3,14 @@ into typed errors, to stream ndjson and to read byte ranges.
 
 Two clients, chosen by measurement (``benchmarks/bench_http.py``, loopback, 1 MiB ranges):
 
-* :class:`ApiClient` (httpx, async on trio) for catalog requests: JSON, ndjson listings, auth.
-  These are small and latency-bound, and httpx gives timeouts, redirects and TLS for free.
-  (``bench_http.py --small``: ``http.client`` in a worker thread under httpx saved 0-15 %
-  of the 0.8-1.1 ms of CPU a signed S3 HEAD or PUT costs; the trio-to-thread hop alone costs
-  0.17 ms.)
+* :class:`ApiClient` for catalog requests: JSON, XML pages, ndjson listings, auth. A
+  one-shot request is sent by ``http.client`` from a worker thread over a pool of keep-alive
+  connections (put together here when it is a path and a body, by httpx when it has JSON or
+  form fields); an ndjson listing streams through httpx on trio (parsed as it arrives). These
+  requests are small and latency-bound: in a busy loop the two ways cost about the same CPU
+  (``bench_http.py --small``), but a request after an idle pause -- a first byte's case --
+  took 0.4-0.8 ms less in the thread than through httpx's own connection machinery (a signed
+  S3 LIST in the daemon 3.1 → 2.3 ms; ``--small --idle 0.2``).
 * :class:`RangeReader` (the standard library's ``http.client`` in worker threads, reading into
   one buffer with ``readinto``) for data. httpx moves 0.37-0.45 GB/s here whatever the number of
   threads; ``http.client`` moved 3.7-4.2 GB/s (urllib3 1.7-2.3, pycurl 2.1-3.4, curl 2.2),
@@ -29,9 +32,11 @@ import math
 import os
 import random
 import select
+import socket
 import ssl
 import threading
 import time
+import urllib.request
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -57,6 +62,10 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 
 #: Statuses worth asking again: the server or something in front of it is busy or restarting.
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
+#: Answers that send the client elsewhere (followed by httpx).
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+#: Catalog requests of one client in worker threads at once (and idle connections kept).
+DIRECT_THREADS = 32
 
 
 @dataclass(frozen=True)
@@ -216,9 +225,32 @@ class ApiClient:
         self.counters: Counter[str] = Counter()
         self._client = httpx.AsyncClient(verify=verify, timeout=timeout, headers=headers,
                                          follow_redirects=True, auth=signer)
+        self._signer = signer
+        #: One-shot requests go out with ``http.client`` from a worker thread, unless a proxy
+        #: from the environment applies (httpx honours it).
+        self._direct: _Exchanges | None = None
+        if not _environment_proxy(self.base_url):
+            if isinstance(verify, ssl.SSLContext):
+                context = verify
+            else:
+                context = tls_context()
+                if not verify:
+                    context.check_hostname = False
+                    context.verify_mode = ssl.CERT_NONE
+            self._direct = _Exchanges(_Pool(context, timeout, max_idle=DIRECT_THREADS))
+        base = urlsplit(self.base_url)
+        self._endpoint = (base.scheme, base.hostname or "",
+                          base.port or (443 if base.scheme == "https" else 80))
+        self._host_header = base.netloc
+        self._base_path = base.path.rstrip("/")
+        #: The client's own headers (and httpx's defaults), but no compression.
+        self._default_headers = {k.lower(): v for k, v in self._client.headers.items()
+                                 if k.lower() != "accept-encoding"}
 
     async def aclose(self) -> None:
         await self._client.aclose()
+        if self._direct is not None:
+            self._direct.pool.close()
 
     async def request(self, method: str, path: str, *, expect: Iterable[int] = (200,),
                       what: str = "", **kwargs: Any) -> httpx.Response:
@@ -226,20 +258,74 @@ class ApiClient:
         expected = frozenset(expect)
 
         extra_headers = kwargs.pop("headers", None)
+        sent: dict[str, str] = {}  # the credentials the last try sent (a 401 renews them)
 
         async def once() -> httpx.Response:
             headers = await self._headers({"headers": extra_headers})
+            sent.clear()
+            sent.update(headers)
+            if self._direct is not None:
+                response = await self._send_direct(method, path, headers, dict(kwargs))
+                if response is not None:
+                    return response
             response = await self._client.request(method, self.base_url + path, **kwargs,
                                                   headers=headers)
             await response.aread()
             _forget_body(response)
             return response
 
-        response = await self._with_retries(once, what or f"{method} {path}")
+        response = await self._with_retries(once, what or f"{method} {path}", sent)
         if response.status_code not in expected:
             raise status_error(response.status_code, what or f"{method} {path}",
                                self.describe(response))
         return response
+
+    async def _send_direct(self, method: str, path: str, headers: dict[str, str],
+                           kwargs: dict[str, Any]) -> httpx.Response | None:
+        """One exchange with ``http.client`` in a worker thread, the answer handed back as an
+        httpx response; None for a redirect (the caller then sends the request the httpx
+        way, which follows it).
+
+        A request of a path and at most a body (every S3 request) is put together here and
+        signed by the signer's ``sign_headers``; one with ``json``, ``data`` or ``params``
+        is built (and signed) by httpx first. Measured after an idle pause, as a first byte
+        meets it (``bench_http.py --small --idle 0.2``): httpx's own connection machinery
+        on trio cost 0.4-0.8 ms more per request than the thread, and building an
+        ``httpx.Request`` alone 0.27 ms (URL parsing)."""
+        assert self._direct is not None
+        timeout = kwargs.pop("timeout", None)
+        if set(kwargs) <= {"content"} and (self._signer is None
+                                           or hasattr(self._signer, "sign_headers")):
+            body: bytes | bytearray | memoryview = kwargs.get("content") or b""
+            target = self._base_path + path
+            wire = dict(self._default_headers)
+            wire["host"] = self._host_header
+            for name, value in headers.items():
+                wire[name.lower()] = value
+            if body or method in ("POST", "PUT"):
+                wire["content-length"] = str(len(body))
+            if self._signer is not None:
+                wire.update(self._signer.sign_headers(  # type: ignore[attr-defined]
+                    method, self._host_header, target, wire))
+            endpoint = self._endpoint
+        else:
+            request = self._client.build_request(method, self.base_url + path,
+                                                 headers=headers, **kwargs)
+            request.headers.pop("accept-encoding", None)  # bodies as sent: nothing to decode
+            if self._signer is not None:  # a signer of one step (SigV4)
+                request = next(self._signer.auth_flow(request))
+            body = await request.aread()
+            url = request.url
+            target = url.raw_path.decode("ascii")
+            wire = dict(request.headers.items())
+            endpoint = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+        status, answer_headers, content = await trio.to_thread.run_sync(
+            functools.partial(self._direct.exchange, endpoint, method, target, wire, body,
+                              timeout),
+            limiter=self._direct.limiter, abandon_on_cancel=True)
+        if status in REDIRECTS:
+            return None
+        return httpx.Response(status, headers=answer_headers, content=content)
 
     async def json(self, method: str, path: str, **kwargs: Any) -> Any:
         response = await self.request(method, path, **kwargs)
@@ -302,7 +388,7 @@ class ApiClient:
         return headers
 
     async def _with_retries(self, once: Callable[[], Awaitable[httpx.Response]],
-                            what: str) -> httpx.Response:
+                            what: str, sent: Mapping[str, str]) -> httpx.Response:
         refreshed = False
         delays = iter(self.retry.delays())
         while True:
@@ -315,7 +401,7 @@ class ApiClient:
             else:
                 if response.status_code == 401 and self.auth and not refreshed:
                     refreshed = True
-                    await self.auth.refresh(response.request.headers)
+                    await self.auth.refresh(sent)
                     continue
                 if response.status_code not in RETRYABLE:
                     return response
@@ -393,6 +479,73 @@ class _Pool:
             self._idle.clear()
         for conn in conns:
             conn.close()
+
+
+class _Exchanges:
+    """Whole request/answer exchanges over a :class:`_Pool`, run in worker threads."""
+
+    def __init__(self, pool: _Pool) -> None:
+        self.pool = pool
+        self.limiter = trio.CapacityLimiter(DIRECT_THREADS)
+
+    def exchange(self, key: tuple[str, str, int], method: str, target: str,
+                 headers: Mapping[str, str], body: bytes | bytearray | memoryview,
+                 timeout: float | None) -> tuple[int, list[tuple[str, str]], bytes]:
+        """Send ``method target`` with ``headers`` (``host`` among them) and ``body`` to the
+        server ``key`` (scheme, host, port); (status, headers, whole body). Failures raise
+        the httpx transport error they are (so retries treat both paths alike). A keep-alive
+        connection the server closed before answering is replaced once, at once."""
+        for attempt in (0, 1):
+            conn = self.pool.get(*key)
+            reused = conn.sock is not None
+            if timeout is not None:
+                conn.timeout = timeout
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+            try:
+                conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+                for name, value in headers.items():
+                    conn.putheader(name, value)
+                conn.endheaders(body or None)
+                response = conn.getresponse()
+                content = response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError) as exc:
+                conn.close()
+                if reused and attempt == 0:
+                    continue  # the server had let go of an idle connection: nothing was done
+                raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__) from None
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                raise _transport_error(exc) from None
+            except BaseException:
+                conn.close()
+                raise
+            if response.will_close or timeout is not None:
+                conn.close()  # (a connection with a timeout of its own is not pooled)
+            else:
+                self.pool.put(*key, conn)
+            return response.status, response.getheaders(), content
+        raise AssertionError("unreachable")
+
+
+def _transport_error(exc: BaseException) -> httpx.TransportError:
+    """The httpx transport error an ``http.client`` failure is."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, TimeoutError):
+        return httpx.ReadTimeout(text)
+    if isinstance(exc, ConnectionRefusedError | socket.gaierror):
+        return httpx.ConnectError(text)
+    if isinstance(exc, http.client.HTTPException):
+        return httpx.RemoteProtocolError(text)
+    return httpx.ReadError(text)
+
+
+def _environment_proxy(url: str) -> bool:
+    """Whether a proxy from the environment (``HTTPS_PROXY``, ...) applies to ``url``."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    return bool(proxies.get(parts.scheme) or proxies.get("all")) and not (
+        urllib.request.proxy_bypass(parts.hostname or ""))
 
 
 def _closed_by_server(conn: http.client.HTTPConnection) -> bool:

@@ -140,6 +140,7 @@ class S3Backend(Backend):
         self.single_put_max = self.upload_part_size = settings.part_size
         self.counters_extra: Counter[str] = Counter()
         self._credentials: Any = None
+        self._signer: SigV4 | None = None
         self._started_ns = STARTED_NS
         endpoint = urlsplit(settings.endpoint_url)
         if settings.path_style:
@@ -198,7 +199,7 @@ class S3Backend(Backend):
         if not settings.anonymous:
             if self._credentials is None:
                 self._credentials = await trio.to_thread.run_sync(self._find_credentials)
-            signer = SigV4(self._credentials, settings.region)
+            signer = self._signer = SigV4(self._credentials, settings.region)
         ca = os.environ.get("AWS_CA_BUNDLE") or None
         context = tls_context(ca)
         self.api = ApiClient(self._base, verify=context, timeout=settings.timeout,
@@ -367,15 +368,9 @@ class S3Backend(Backend):
 
     def _presign(self, key: str) -> str:
         url = self._base + self._url_path(key)
-        if self._credentials is None:
+        if self._signer is None:
             return url
-        from botocore.auth import S3SigV4QueryAuth
-        from botocore.awsrequest import AWSRequest
-
-        request = AWSRequest(method="GET", url=url)
-        S3SigV4QueryAuth(self._credentials.get_frozen_credentials(), "s3",
-                         self.settings.region, expires=PRESIGN_SECONDS).add_auth(request)
-        return request.url
+        return self._signer.presign(url, PRESIGN_SECONDS)
 
     async def open(self, path: str, entry: Entry) -> _ReadHandle:
         key = self._key(path)
