@@ -42,6 +42,9 @@ class Inode:
     #: The serial of the listing the kernel may hold cached for this directory (see
     #: ``RucioFs.opendir``); 0: none.
     kernel_listing: int = 0
+    #: When (monotonic) the kernel last read that listing from the daemon: what its
+    #: readdirplus gave the children's dentries and attributes is valid for the kernel TTL.
+    kernel_listed_at: float = 0.0
     #: Children the kernel holds dentries for, by name (dirs only).
     children: dict[str, Inode] = field(default_factory=dict)
 

@@ -56,3 +56,22 @@ def test_changes_through_the_mount_show_in_the_next_listing(mount_fs):
     assert os.listdir(m.path / "d") == ["b.txt"]
     os.rename(m.path / "d" / "b.txt", m.path / "d" / "c.txt")
     assert os.listdir(m.path / "d") == ["c.txt"]
+
+
+def test_ls_l_after_the_entries_expired_reads_the_listing_not_each_entry(mount_fs):
+    """The kernel's copy of a listing is not used once the dentries and attributes its
+    reading gave have (half) run out: `ls -l` would then cost a LOOKUP per entry (a storm of
+    10,000 per user measured with 10 users at once); reading the listing again renews them."""
+    m = mount_fs()
+    path = m.path / "ls" / "files-500"
+
+    def ls_l() -> None:
+        for name in os.listdir(path):
+            os.lstat(path / name)
+
+    ls_l()
+    time.sleep(1.2)  # past the kernel TTL (1 s) of every entry
+    lookups, listed = m.fuse_calls("lookup"), readdirs(m)
+    ls_l()
+    assert readdirs(m) > listed
+    assert m.fuse_calls("lookup") - lookups < 10

@@ -345,6 +345,39 @@ def test_each_irods_user_writes_as_itself(irods_server, users, per_user_mount):
     assert OTHER_PASSWORD not in log.read_text() and PASSWORD not in log.read_text()
 
 
+def test_the_kernel_keeps_a_listing_only_for_the_user_it_came_from(irods_server, users,
+                                                                   per_user_mount):
+    """The kernel's listing cache on a per-user mount: a user's repeated ``ls`` is answered
+    by the kernel; another user's ``ls`` right after is that user's own listing (the daemon
+    is asked), and the first user's next ``ls`` its own again."""
+    irods_server.require_fake()
+    from rucio_fs.testing.irods_fake import OTHER, OTHER_PASSWORD, PASSWORD, USER
+    from rucio_fs.testing.mount import Mount
+
+    a, b = users["rfs-pu-a"], users["rfs-pu-b"]
+    shared = f"/{irods_server.zone}/home/public/ls-{os.urandom(4).hex()}"
+    irods_server.seed(shared, {"both.txt": b"for both"}, acl={"readers": "read_object"})
+    irods_server.seed(shared, {"alices.txt": b"hers"})  # alice's alone
+    envs = irods_users(irods_server, {a: (USER, PASSWORD), b: (OTHER, OTHER_PASSWORD)})
+    mnt, _ = per_user_mount(irods_url(irods_server))
+    mount = Mount(mnt)
+    here = mnt / "public" / shared.rsplit("/", 1)[1]
+
+    def ls(user) -> list[str]:
+        result = as_user(user, "ls", str(here), env=envs[user.pw_name])
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split()
+
+    assert ls(a) == ["alices.txt", "both.txt"]
+    readdirs = mount.fuse_calls("readdir")
+    assert ls(a) == ["alices.txt", "both.txt"]
+    assert mount.fuse_calls("readdir") == readdirs  # the kernel answered
+    assert ls(b) == ["both.txt"]
+    assert mount.fuse_calls("readdir") > readdirs  # bob's own listing, from the daemon
+    assert ls(a) == ["alices.txt", "both.txt"]
+    assert ls(b) == ["both.txt"]
+
+
 def irods_users(irods_server, accounts: dict) -> dict[str, dict[str, str]]:
     """Give each local user its iRODS environment file (as that user's own, 0600) for the
     account it is mapped to; returns each user's process environment (its password)."""
