@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import pyfuse3
 import trio
+from cachetools import LRUCache
 
 from .backend import (
     NAME_MAX,
@@ -204,6 +205,10 @@ class RucioFs(pyfuse3.Operations):
         #: Set while `rucio-fs trace` runs: every request's op, start, end and errno.
         self.recorder: RequestRecorder | None = None
         self._dirs: dict[int, _DirHandle] = {}
+        #: Per-user mounts: (serial, serial) -> whether two catalogs' listings are the same.
+        self._same_listings: LRUCache[tuple[int, int], bool] = LRUCache(4096)
+        #: Per-user mounts: listing serial -> the serial of a listing found equal to it.
+        self._listing_classes: LRUCache[int, int] = LRUCache(4096)
         self._files: dict[int, _FileHandle] = {}
         self._next_fh = 1
         if config.kernel:
@@ -388,21 +393,47 @@ class RucioFs(pyfuse3.Operations):
             # what it holds only while it is still these very contents: a new listing (the
             # TTL ended, a drop) or a change makes the kernel read it again. Serials are
             # unique to one listing of one catalog, so on a per-user mount the kernel's copy
-            # is kept only for a caller of the catalog it came from; another user's open
-            # makes the kernel drop it and read that user's own listing. And only while
-            # half the time the dentries and attributes of its last reading are valid is
-            # left (for whoever stats the entries next): past their end, `ls -l` served
-            # from the kernel's copy cost a LOOKUP per entry (10 users at once, 10,000
-            # entries: 2.7 s instead of 0.3 s), where reading the listing again renews
-            # them all in a few requests.
-            keep = (node.kernel_listing == listing.serial and listing.complete
+            # is kept only for a caller whose own catalog's listing is that one, or holds
+            # the very same entries (then it is the caller's own answer); for another user
+            # the kernel drops it and reads that user's listing. And only while half the
+            # time the dentries and attributes of its last reading are valid is left (for
+            # whoever stats the entries next): past their end, `ls -l` served from the
+            # kernel's copy cost a LOOKUP per entry (10 users at once, 10,000 entries: 2.7 s
+            # instead of 0.3 s), where reading the listing again renews them all at once.
+            keep = (listing.complete and node.kernel_listing != 0
                     and handle.fetched_at - node.kernel_listed_at
-                    < min(self._entry_ttl, self._attr_ttl) / 2)
+                    < min(self._entry_ttl, self._attr_ttl) / 2
+                    and (node.kernel_listing == listing.serial
+                         or self._same_as_kernel_copy(node, listing)))
             if not keep:
                 node.kernel_listed_at = handle.fetched_at
             node.kernel_listing = listing.serial if listing.complete else 0
+            node.kernel_listing_of = listing if listing.complete else None
             return pyfuse3.FileInfo(fh=fh, keep_cache=keep, cache_readdir=listing.complete)
         return fh
+
+    def _same_as_kernel_copy(self, node: Inode, listing: Listing) -> bool:
+        """Per-user mounts: whether the kernel's copy of ``node``'s listing (read from
+        another catalog's listing, unchanged since) has exactly ``listing``'s entries, in
+        order, with the same attributes (each pair of listings compared once)."""
+        held = node.kernel_listing_of
+        if self.identities is None or held is None or held.serial != node.kernel_listing:
+            return False
+        classes = self._listing_classes
+        known = classes.get(held.serial)
+        if known is not None and known == classes.get(listing.serial):
+            return True  # both found equal to the same listing before
+        key = (held.serial, listing.serial)
+        same = self._same_listings.get(key)
+        if same is None:
+            same = (held.names == listing.names and len(held.entries) == len(listing.entries)
+                    and all(a is b or (a is not None and b is not None
+                                       and same_attributes(a, b))
+                            for a, b in zip(held.entries, listing.entries, strict=True)))
+            self._same_listings[key] = same
+            if same:  # ten users' equal listings: compared once each, not once per pair
+                classes[held.serial] = classes[listing.serial] = known or held.serial
+        return same
 
     @fuse_op
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:

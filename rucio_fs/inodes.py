@@ -42,6 +42,8 @@ class Inode:
     #: The serial of the listing the kernel may hold cached for this directory (see
     #: ``RucioFs.opendir``); 0: none.
     kernel_listing: int = 0
+    #: The listing (object) the kernel's copy was read from, while it has that serial.
+    kernel_listing_of: Any = None
     #: When (monotonic) the kernel last read that listing from the daemon: what its
     #: readdirplus gave the children's dentries and attributes is valid for the kernel TTL.
     kernel_listed_at: float = 0.0

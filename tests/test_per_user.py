@@ -349,7 +349,8 @@ def test_the_kernel_keeps_a_listing_only_for_the_user_it_came_from(irods_server,
                                                                    per_user_mount):
     """The kernel's listing cache on a per-user mount: a user's repeated ``ls`` is answered
     by the kernel; another user's ``ls`` right after is that user's own listing (the daemon
-    is asked), and the first user's next ``ls`` its own again."""
+    is asked), and the first user's next ``ls`` its own again; where the two users' own
+    listings are the same, the kernel's copy answers both."""
     irods_server.require_fake()
     from rucio_fs.testing.irods_fake import OTHER, OTHER_PASSWORD, PASSWORD, USER
     from rucio_fs.testing.mount import Mount
@@ -358,6 +359,8 @@ def test_the_kernel_keeps_a_listing_only_for_the_user_it_came_from(irods_server,
     shared = f"/{irods_server.zone}/home/public/ls-{os.urandom(4).hex()}"
     irods_server.seed(shared, {"both.txt": b"for both"}, acl={"readers": "read_object"})
     irods_server.seed(shared, {"alices.txt": b"hers"})  # alice's alone
+    irods_server.seed(f"{shared}/same", {"x.txt": b"x", "y.txt": b"y"},
+                      acl={"readers": "read_object"})
     envs = irods_users(irods_server, {a: (USER, PASSWORD), b: (OTHER, OTHER_PASSWORD)})
     mnt, _ = per_user_mount(irods_url(irods_server))
     mount = Mount(mnt)
@@ -368,14 +371,46 @@ def test_the_kernel_keeps_a_listing_only_for_the_user_it_came_from(irods_server,
         assert result.returncode == 0, result.stderr
         return result.stdout.split()
 
-    assert ls(a) == ["alices.txt", "both.txt"]
+    assert ls(a) == ["alices.txt", "both.txt", "same"]
     readdirs = mount.fuse_calls("readdir")
-    assert ls(a) == ["alices.txt", "both.txt"]
+    assert ls(a) == ["alices.txt", "both.txt", "same"]
     assert mount.fuse_calls("readdir") == readdirs  # the kernel answered
-    assert ls(b) == ["both.txt"]
+    assert ls(b) == ["both.txt", "same"]
     assert mount.fuse_calls("readdir") > readdirs  # bob's own listing, from the daemon
-    assert ls(a) == ["alices.txt", "both.txt"]
-    assert ls(b) == ["both.txt"]
+    assert ls(a) == ["alices.txt", "both.txt", "same"]
+    assert ls(b) == ["both.txt", "same"]
+    # Both may read everything in `same`, but iRODS shows each its own permissions there:
+    # attributes differ, so each user's listing is read for that user.
+    result = as_user(a, "ls", str(here / "same"), env=envs[a.pw_name])
+    readdirs = mount.fuse_calls("readdir")
+    assert as_user(b, "ls", str(here / "same"), env=envs[b.pw_name]).stdout == result.stdout
+    assert mount.fuse_calls("readdir") > readdirs
+
+
+def test_the_kernels_copy_serves_users_whose_listings_are_the_same(rucio_server, users,
+                                                                    per_user_mount):
+    """Rucio shows every account the same dataset: once one user's `ls` filled the
+    kernel's copy, another user's own (identical) listing lets the kernel answer it."""
+    from rucio_fs.testing.mount import Mount
+
+    a, b = users["rfs-pu-a"], users["rfs-pu-b"]
+    env_a = {"RUCIO_CONFIG": str(rucio_cfg(rucio_server, a))}
+    env_b = {"RUCIO_CONFIG": str(rucio_cfg(rucio_server, b, username="alice",
+                                           password="alicepw", account="alice"))}
+    mnt, _ = per_user_mount("rucio:///bench")
+    mount = Mount(mnt)
+    first = as_user(a, "ls", str(mnt / "ds500"), env=env_a)  # a's catalog has its listing
+    as_user(b, "ls", str(mnt / "ds500"), env=env_b)  # b's catalog has its listing too
+    time.sleep(0.6)  # past half the kernel TTL: the next `ls` has the kernel read b's listing
+    readdirs = mount.fuse_calls("readdir")
+    as_user(b, "ls", str(mnt / "ds500"), env=env_b)
+    assert mount.fuse_calls("readdir") > readdirs
+    readdirs = mount.fuse_calls("readdir")
+    for user, env in ((a, env_a), (b, env_b), (a, env_a)):
+        result = as_user(user, "ls", str(mnt / "ds500"), env=env)
+        assert result.returncode == 0 and result.stdout == first.stdout
+    assert len(first.stdout.split()) == 500
+    assert mount.fuse_calls("readdir") == readdirs  # the kernel answered all three
 
 
 def irods_users(irods_server, accounts: dict) -> dict[str, dict[str, str]]:
