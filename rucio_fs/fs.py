@@ -446,7 +446,8 @@ class RucioFs(pyfuse3.Operations):
                 raise listing.error
         entries, names, children = listing.entries, listing.names, parent.children
         lookup, attrs_of, reply = self.inodes.lookup, self._attrs, pyfuse3.readdir_reply
-        dirty_files = self.writes.files if self.writes is not None else {}
+        writes = self.writes
+        dirty_files = writes.files if writes is not None else {}
         for index in range(start_id, len(entries)):
             entry = entries[index]
             if entry is None:  # removed through the mount while listed
@@ -549,9 +550,9 @@ class RucioFs(pyfuse3.Operations):
             await self.verification.leave(node, handle.verifier)
         if handle.backend_handle is not None or handle.dirty is None:
             await self.catalog.close(handle.backend_handle)
-        if handle.writer and handle.dirty is not None and self.writes is not None:
+        if handle.writer and handle.dirty is not None:
             dirty = handle.dirty
-            await self.writes.release(dirty)
+            await dirty.wb.release(dirty)  # the write-back the file is pending in
             if self._dirty(dirty.path) is not dirty and dirty.base is not None:
                 node = handle.inode
                 node.entry, node.attrs, node.fetched_at = dirty.base, None, time.monotonic()
@@ -696,8 +697,8 @@ class RucioFs(pyfuse3.Operations):
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
         """Everything queued below the directory is on the server (async write-back)."""
         handle = self._dirs.get(fh)
-        if handle is not None and self.writes is not None and self.writes.asynchronous:
-            await self.writes.settle(handle.inode.path)
+        if handle is not None:
+            await self._settled(handle.inode.path)
 
     def watch_channel(self) -> None:
         """Find this mount's ``/dev/fuse`` descriptor (after ``pyfuse3.init``; pyfuse3 does not
@@ -726,8 +727,9 @@ class RucioFs(pyfuse3.Operations):
     async def _settled(self, *paths: str) -> None:
         """Before a change that goes to the server at once: with async write-back, what is
         queued on ``paths`` (or above or below them) goes first."""
-        if self.writes is not None and self.writes.asynchronous:
-            await self.writes.settle(*paths)
+        writes = self.writes
+        if writes is not None and writes.asynchronous:
+            await writes.settle(*paths)
 
     @fuse_op
     async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None,

@@ -232,15 +232,16 @@ class ApiClient:
         if not _environment_proxy(self.base_url):
             if isinstance(verify, ssl.SSLContext):
                 context = verify
-            else:
+            elif self.base_url.startswith("https:"):  # (loading the CAs costs: only if used)
                 context = tls_context()
                 if not verify:
                     context.check_hostname = False
                     context.verify_mode = ssl.CERT_NONE
+            else:
+                context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # never used: plain http
             self._direct = _Exchanges(_Pool(context, timeout, max_idle=DIRECT_THREADS))
         base = urlsplit(self.base_url)
-        self._endpoint = (base.scheme, base.hostname or "",
-                          base.port or (443 if base.scheme == "https" else 80))
+        self._endpoint = _server(base.scheme, base.hostname, base.port)
         self._host_header = base.netloc
         self._base_path = base.path.rstrip("/")
         #: The client's own headers (and httpx's defaults), but no compression.
@@ -318,7 +319,7 @@ class ApiClient:
             url = request.url
             target = url.raw_path.decode("ascii")
             wire = dict(request.headers.items())
-            endpoint = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
+            endpoint = _server(url.scheme, url.host, url.port)
         status, answer_headers, content = await trio.to_thread.run_sync(
             functools.partial(self._direct.exchange, endpoint, method, target, wire, body,
                               timeout),
@@ -548,6 +549,12 @@ def _environment_proxy(url: str) -> bool:
         urllib.request.proxy_bypass(parts.hostname or ""))
 
 
+def _server(scheme: str, host: str | None, port: int | None) -> tuple[str, str, int]:
+    """(scheme, host, port) of an ``http``/``https`` server, the scheme's port filled in:
+    how connections are pooled."""
+    return scheme, host or "", port or (443 if scheme == "https" else 80)
+
+
 def _closed_by_server(conn: http.client.HTTPConnection) -> bool:
     """Whether an idle keep-alive connection was closed meanwhile (its socket reads as ready:
     end of file), so that a request is not sent into it and failed for nothing."""
@@ -609,8 +616,7 @@ class RangeReader:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https"):
             return
-        key = (parts.scheme, parts.hostname or "", parts.port or
-               (443 if parts.scheme == "https" else 80))
+        key = _server(parts.scheme, parts.hostname, parts.port)
 
         def connect() -> None:
             conn = self._pool.get(*key)
@@ -637,8 +643,7 @@ class RangeReader:
         if parts.scheme not in ("http", "https"):
             raise Unavailable(f"cannot read {parts.scheme}:// URLs")
         target = parts.path + (f"?{parts.query}" if parts.query else "")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        key = (parts.scheme, parts.hostname or "", port)
+        key = _server(parts.scheme, parts.hostname, parts.port)
         failure = ""
         for delay in [0.0, *self.retry.delays()]:
             if delay:
@@ -761,7 +766,7 @@ def through_proxy(proxy: str, url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https"):
         return url
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    port = _server(parts.scheme, parts.hostname, parts.port)[2]
     host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
     query = f"?{parts.query}" if parts.query else ""
     return f"{proxy.rstrip('/')}/{parts.scheme}/{host}:{port}{parts.path or '/'}{query}"

@@ -92,10 +92,12 @@ class Identities:
             return identity.catalog
 
     async def _current(self, caller: Caller, known: _Identity | None) -> _Identity:
-        mapped = (self.identity_map.for_user(caller.uid) if self.identity_map is not None
-                  else {})
-        credentials = await trio.to_thread.run_sync(
-            CallerCredentials.of, caller, self.credential_env, self.private_dir, mapped)
+        def find() -> CallerCredentials:  # files are looked at: off the event loop
+            mapped = (self.identity_map.for_user(caller.uid)
+                      if self.identity_map is not None else {})
+            return CallerCredentials.of(caller, self.credential_env, self.private_dir, mapped)
+
+        credentials = await trio.to_thread.run_sync(find)
         environ = dict(credentials.environ)
         if (known is not None and known.environ == environ
                 and not await trio.to_thread.run_sync(known.credentials.changed, credentials)):

@@ -57,26 +57,25 @@ class SigV4(httpx.Auth):
         ``host`` (with its port when not the scheme's), given the request's ``headers``."""
         creds = self._credentials.get_frozen_credentials()
         stamp = (now or _now()).strftime("%Y%m%dT%H%M%SZ")
-        added = {"x-amz-date": stamp, "x-amz-content-sha256": UNSIGNED}
+        added = {"X-Amz-Date": stamp, "X-Amz-Content-SHA256": UNSIGNED}
         if creds.token:
-            added["x-amz-security-token"] = creds.token
+            added["X-Amz-Security-Token"] = creds.token
         signed = {"host": host}
-        for name, value in headers.items():
+        for name, value in (*headers.items(), *added.items()):
             lower = name.lower()
             if lower in SIGNED or lower.startswith("x-amz-"):
                 signed[lower] = value
-        signed.update(added)
+        order = sorted(signed)
         path, _, query = target.partition("?")
-        names = ";".join(sorted(signed))
         canonical = "\n".join((
             method, path, _canonical_query(query),
-            "".join(f"{k}:{' '.join(signed[k].split())}\n" for k in sorted(signed)),
-            names, UNSIGNED))
-        scope, signature = self._signature(creds.secret_key, stamp, canonical)
-        return {"X-Amz-Date": stamp, "X-Amz-Content-SHA256": UNSIGNED,
-                **({"X-Amz-Security-Token": creds.token} if creds.token else {}),
-                "Authorization": f"{ALGORITHM} Credential={creds.access_key}/{scope}, "
-                                 f"SignedHeaders={names}, Signature={signature}"}
+            "".join(f"{k}:{' '.join(signed[k].split())}\n" for k in order),
+            ";".join(order), UNSIGNED))
+        signature = self._signature(creds.secret_key, stamp, canonical)
+        return {**added,
+                "Authorization": f"{ALGORITHM} Credential={creds.access_key}/"
+                                 f"{self._scope(stamp)}, SignedHeaders={';'.join(order)}, "
+                                 f"Signature={signature}"}
 
     def presign(self, url: str, expires: int, now: datetime.datetime | None = None) -> str:
         """``url`` (a GET of an object, path already quoted) with the query that signs it
@@ -84,9 +83,8 @@ class SigV4(httpx.Auth):
         creds = self._credentials.get_frozen_credentials()
         stamp = (now or _now()).strftime("%Y%m%dT%H%M%SZ")
         parts = urlsplit(url)
-        scope = f"{stamp[:8]}/{self._region}/{self._service}/aws4_request"
         params = {"X-Amz-Algorithm": ALGORITHM,
-                  "X-Amz-Credential": f"{creds.access_key}/{scope}",
+                  "X-Amz-Credential": f"{creds.access_key}/{self._scope(stamp)}",
                   "X-Amz-Date": stamp, "X-Amz-Expires": str(expires),
                   "X-Amz-SignedHeaders": "host"}
         if creds.token:
@@ -96,12 +94,14 @@ class SigV4(httpx.Auth):
             query = f"{parts.query}&{query}"
         canonical = "\n".join(("GET", parts.path or "/", _canonical_query(query),
                                f"host:{parts.netloc}\n", "host", UNSIGNED))
-        _, signature = self._signature(creds.secret_key, stamp, canonical)
+        signature = self._signature(creds.secret_key, stamp, canonical)
         return f"{parts.scheme}://{parts.netloc}{parts.path}?{query}&X-Amz-Signature={signature}"
 
-    def _signature(self, secret: str, stamp: str, canonical: str) -> tuple[str, str]:
+    def _scope(self, stamp: str) -> str:
+        return f"{stamp[:8]}/{self._region}/{self._service}/aws4_request"
+
+    def _signature(self, secret: str, stamp: str, canonical: str) -> str:
         day = stamp[:8]
-        scope = f"{day}/{self._region}/{self._service}/aws4_request"
         key = self._keys.get((secret, day))
         if key is None:
             key = ("AWS4" + secret).encode()
@@ -110,8 +110,9 @@ class SigV4(httpx.Auth):
             if len(self._keys) > 4:  # old days and rotated secrets
                 self._keys.clear()
             self._keys[(secret, day)] = key
-        to_sign = f"{ALGORITHM}\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-        return scope, hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+        digest = hashlib.sha256(canonical.encode()).hexdigest()
+        to_sign = f"{ALGORITHM}\n{stamp}\n{self._scope(stamp)}\n{digest}"
+        return hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
 
 
 def _encode(text: str) -> str:
