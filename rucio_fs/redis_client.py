@@ -154,6 +154,15 @@ class Redis:
         self._logged_down = False
         self.failures = 0
         self.bypassed = 0
+        # Made once, here: loading the CA certificates takes tens of milliseconds of CPU,
+        # which inside a connection's deadline made a refused certificate look like silence.
+        self._tls: ssl.SSLContext | None = None
+        if address.tls:
+            try:
+                self._tls = ssl.create_default_context(cafile=address.ca or None)
+            except (OSError, ssl.SSLError) as exc:
+                raise InvalidInput(f"shared cache {address}: CA file {address.ca} cannot "
+                                   f"be used ({exc})") from None
 
     @property
     def available(self) -> bool:
@@ -205,9 +214,9 @@ class Redis:
 
     async def _connect(self) -> _Connection:
         a = self.address
-        if a.tls:
+        if self._tls is not None:
             stream: trio.abc.Stream = await trio.open_ssl_over_tcp_stream(
-                a.host, a.port, ssl_context=ssl.create_default_context(cafile=a.ca or None))
+                a.host, a.port, ssl_context=self._tls)
         else:
             stream = await trio.open_tcp_stream(a.host, a.port)
         connection = _Connection(stream)
