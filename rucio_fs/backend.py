@@ -259,6 +259,15 @@ class Backend(ABC):
         """Called once before mounting when the shared tier is on: where the backend may keep
         its own small shared values (never secrets)."""
 
+    def use_hints(self, hints: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Called once before ``start`` on each backend of a per-user mount, with one dict
+        shared by all of them: where a backend may keep what is not any user's answer —
+        where to look, never what is there — so that one user's requests make another's
+        faster without deciding what that user is served. Everything taken from it must be
+        proven again with the user's own credentials before it reaches that user (Rucio:
+        the layouts of its RSEs, whose guessed bytes are served only when they match the
+        user's own catalog entry's checksums). Keys start with the backend's scheme."""
+
     def use_data_proxy(self, url: str) -> None:
         """Send file reads through the caching HTTP proxy at ``url`` (``--data-proxy``; see
         :func:`rucio_fs.http.through_proxy`). Called once before mounting. The default

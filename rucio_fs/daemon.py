@@ -261,9 +261,11 @@ def _per_user(req: MountRequest, stats: Stats, ops_holder: list[RucioFs]) -> Ide
     cls = backend_class(req.url)
     config = req.cache
     writebacks: dict[int, WriteBack] = {}
+    hints: dict[str, Any] = {}  # shared by every user's backend (Backend.use_hints)
 
     async def make_backend(credentials: CallerCredentials) -> Backend:
         backend = await trio.to_thread.run_sync(cls.for_caller, req.url, credentials)
+        backend.use_hints(hints)
         try:
             with trio.fail_after(config.backend_timeout):
                 await backend.start()

@@ -362,3 +362,67 @@ def test_an_rse_whose_catalog_pfns_differ_from_the_computed_ones_is_no_longer_gu
     assert guesses[0] == ("SITE", f"https://h:443/p/{lfn2pfn_path('hash', 's', 'f1')}")
     assert guesses[1] is None
     assert speculator.counters["speculative_layout_rejected"] == 1
+
+
+def test_a_read_waiting_for_its_replicas_guesses_on_a_layout_another_user_taught(rucio_server):
+    """The backends of a per-user mount share what they learn of RSE layouts — where to look,
+    never what is there. User b's first read, waiting for its own (slow) replica lookup,
+    starts its guess once user a's answer shows where the files lie, and serves the bytes
+    only because they match b's own catalog entry: with another checksum in b's entry the
+    same copy is refused and b gets its own catalog's answer."""
+    taught, waiting, distrusted = rucio_server.catalog["ds500"][15:18]
+    results: dict[str, object] = {}
+
+    async def main() -> None:
+        hints: dict = {}
+        a, b = _backend("rucio:///bench"), _backend("rucio:///bench")
+        for backend in (a, b):
+            backend.use_hints(hints)
+            await backend.start()
+        b.resolver.api = SlowCatalog(delay=1.5)  # type: ignore[assignment]
+        try:
+            handle = await b.open(f"/ds500/{waiting['name']}", _entry(waiting))
+            wrong = {**_entry(distrusted).checksums, "adler32": "00000001"}
+            refused = await b.open(f"/ds500/{distrusted['name']}",
+                                   Entry(name=distrusted["name"], kind=Kind.FILE,
+                                         size=distrusted["bytes"], checksums=wrong))
+
+            async def read_b() -> None:
+                results["b"] = bytes(await b.read(handle, 0, waiting["bytes"]))
+                results["b_at"] = trio.current_time()
+
+            async def read_refused() -> None:
+                try:
+                    await b.read(refused, 0, distrusted["bytes"])
+                except Unavailable as exc:
+                    results["refused"] = str(exc)
+
+            with trio.fail_after(5):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(read_b)
+                    nursery.start_soon(read_refused)
+                    await trio.sleep(0.3)
+                    results["b_before_a"] = "b" in results  # nothing to guess on yet
+                    start = trio.current_time()
+                    handle_a = await a.open(f"/ds500/{taught['name']}", _entry(taught))
+                    results["a"] = bytes(await a.read(handle_a, 0, taught["bytes"]))
+                    results["a_at"] = trio.current_time()
+                    results["start"] = start
+        finally:
+            for backend in (a, b):
+                await backend.aclose()
+        results["a_counters"] = dict(a.speculator.counters)
+        results["b_counters"] = dict(b.speculator.counters)
+
+    trio.run(main)
+    assert results["b_before_a"] is False
+    assert adler32(results["a"]) == taught["adler32"]  # type: ignore[arg-type]
+    assert adler32(results["b"]) == waiting["adler32"]  # type: ignore[arg-type]
+    # b was served by its guess right after a's answer, long before its own lookup's 1.5 s.
+    assert results["b_at"] - results["start"] < 1.0  # type: ignore[operator]
+    assert "no available replica" in str(results["refused"])  # b's own (empty) answer
+    b_counters = results["b_counters"]
+    assert b_counters["speculative_late"] == 2  # type: ignore[index]
+    assert b_counters["speculative_hits"] == 1  # type: ignore[index]
+    assert b_counters["speculative_mismatches"] == 1  # type: ignore[index]
+    assert results["a_counters"].get("speculative_reads", 0) == 0  # type: ignore[union-attr]

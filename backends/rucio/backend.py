@@ -216,6 +216,13 @@ class ReplicaResolver:
                 del self._pending[did]  # its caller went away (e.g. a guessed read won)
         return slot.result()
 
+    def answered(self, did: Did) -> bool:
+        """Whether the catalog's answer for ``did`` is here (cached, or just received by the
+        request under way)."""
+        slot = self._inflight.get(did)
+        return ((slot is not None and slot.done.is_set())
+                or (self.caching and did in self._cache))
+
     def forget(self, did: Did) -> None:
         self._cache.pop(did, None)
 
@@ -563,6 +570,13 @@ class RucioBackend(Backend):
         catalog. Each mount still orders them by its own ``rses``, ``local`` and schemes."""
         self.resolver.shared = values
 
+    def use_hints(self, hints: dict[str, Any]) -> None:
+        """The users of a per-user mount share what they learn of RSE layouts (per catalog
+        host and VO): a guessed read is served only when its bytes match the caller's own
+        catalog entry, read with the caller's own credentials."""
+        key = f"rucio layouts {self.settings.rucio_host} vo={self.settings.vo}"
+        self.speculator.layouts = hints.setdefault(key, self.speculator.layouts)
+
     def use_data_proxy(self, url: str) -> None:
         """Replica URLs name the file, not the reader: a proxy may cache them (``local=``
         replicas are read from the local file system, never through it)."""
@@ -638,24 +652,25 @@ class RucioBackend(Backend):
         """The whole file read from its guessed PFN while the replica lookup runs (started
         after ``speculate_hedge`` of silence, or at once when the guess misses): the verified
         bytes, or None with ``handle.replicas`` set by the lookup. A lookup that fails
-        leaves the guess to answer; if both fail, the lookup's error is raised."""
+        leaves the guess to answer; if both fail, the lookup's error is raised. With nothing
+        to guess yet, the lookup goes at once, and a layout another answer teaches while it
+        runs (another file's, or another user's) is guessed on then."""
         guess = await self.speculator.guess(handle.did.scope, handle.did.name)
-        if guess is None:
+        if guess is None and not self.speculator.learns:
             return None
-        rse, pfn = guess
-        url, _ = _readable_url(pfn, self.settings)
         counters = self.speculator.counters
-        counters["speculative_reads"] += 1
         found: list[bytes | memoryview] = []
         failures: list[RucioFsError] = []
         hedge = trio.CancelScope()
+        guessing = [False]
 
         async def lookup() -> None:
             try:
                 handle.replicas = self._ordered(handle, await self._resolve(handle))
             except RucioFsError as exc:
                 failures.append(exc)
-                return  # the guess may still answer
+                if guessing[0]:
+                    return  # the guess may still answer
             nursery.cancel_scope.cancel()
 
         def start_lookup() -> None:
@@ -663,7 +678,11 @@ class RucioBackend(Backend):
                 hedge.cancel()
                 nursery.start_soon(lookup)
 
-        async def guessed_read() -> None:
+        async def guessed_read(guess: tuple[str, str]) -> None:
+            rse, pfn = guess
+            url, _ = _readable_url(pfn, self.settings)
+            counters["speculative_reads"] += 1
+            guessing[0] = True
             try:
                 data = await self.guess_reader.read(url, 0, handle.entry.size)
             except RucioFsError as exc:
@@ -691,9 +710,25 @@ class RucioBackend(Backend):
                 counters["speculative_hedged"] += 1
             start_lookup()
 
+        async def late_guess() -> None:
+            while True:
+                lesson = self.speculator.layouts.next_lesson()
+                guess = await self.speculator.guess(*handle.did)
+                if guess is not None:
+                    break
+                await lesson.wait()
+                if self.resolver.answered(handle.did):
+                    return  # the answer that taught it is this file's own: it is on its way
+            counters["speculative_late"] += 1
+            await guessed_read(guess)
+
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(guessed_read)
-            nursery.start_soon(hedge_timer)
+            if guess is not None:
+                nursery.start_soon(guessed_read, guess)
+                nursery.start_soon(hedge_timer)
+            else:  # the lookup goes at once; a layout learned meanwhile is guessed on
+                start_lookup()
+                nursery.start_soon(late_guess)
         if found:
             return found[0]
         if handle.replicas is None:

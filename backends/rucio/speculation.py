@@ -11,7 +11,9 @@ Which RSEs are guessed (``?speculate=``):
 
 * ``auto`` (the default): the RSEs of ``?rses=`` in order, then RSEs this mount has seen the
   catalog place files on *at the computed PFN* (confirmed, most often first). A fresh mount
-  without ``rses`` guesses nothing until the first replica answer.
+  without ``rses`` guesses nothing until the first replica answer; a first read already
+  waiting for its own replica answer then starts its guess at once (on a per-user mount,
+  whichever user's answer taught it: see :class:`Layouts`).
 * ``RSE[,RSE...]``: only those, in order (an unknown name fails the mount).
 * ``off``: never.
 
@@ -69,21 +71,64 @@ def checksums_match(data: bytes | memoryview, entry: Entry) -> bool:
     return any(algo in ("adler32", "md5") for algo in entry.checksums)
 
 
-class Speculator:
-    """The RSEs a mount may guess on, their descriptions, and what it learned of them."""
+class Layouts:
+    """What is known of RSE layouts: their descriptions and what the catalog's answers
+    confirmed or contradicted of them. Hints of where to look, never an answer: a file's
+    bytes are served from a computed PFN only once they match its own catalog entry's
+    checksums, read with its reader's own credentials. So one ``Layouts`` may serve every
+    user of a per-user mount (for one catalog host and VO): what one user's answers taught,
+    another user's reads try first."""
 
-    def __init__(self, api: ApiClient, settings: RucioSettings) -> None:
+    def __init__(self) -> None:
+        self.descriptions: TTLCache[str, RseDescription] = TTLCache(1000, DESCRIPTION_TTL)
+        self.unreachable: TTLCache[str, bool] = TTLCache(1000, DESCRIPTION_RETRY)
+        self.describing: dict[str, trio.Event] = {}
+        #: RSEs whose catalog PFNs matched the computed ones, with how often.
+        self.confirmed: Counter[str] = Counter()
+        #: RSEs whose catalog PFNs did not: never guessed again on this mount.
+        self.rejected: set[str] = set()
+        self.samples: dict[str, list[tuple[str, str, str]]] = {}
+        self._learned = trio.Event()
+
+    def next_lesson(self) -> trio.Event:
+        """An event set when something is next learned that may make a guess possible: an
+        RSE confirmed for the first time, or a catalog PFN on an RSE not described yet."""
+        return self._learned
+
+    def confirm(self, rse: str) -> None:
+        new = rse not in self.confirmed
+        self.confirmed[rse] += 1
+        if new:
+            self._tell()
+
+    def sample(self, rse: str, scope: str, name: str, pfn: str) -> None:
+        samples = self.samples.setdefault(rse, [])
+        if len(samples) < SAMPLES_PER_RSE:
+            samples.append((scope, name, pfn))
+            if len(samples) == 1:
+                self._tell()
+
+    def _tell(self) -> None:
+        self._learned.set()
+        self._learned = trio.Event()
+
+    def forget(self) -> None:
+        """Forget what was learned from the catalog (a cache drop: cold means cold). The
+        descriptions stay: they are the storage's configuration, not catalog content."""
+        self.confirmed.clear()
+        self.samples.clear()
+
+
+class Speculator:
+    """The RSEs one backend may guess on: its settings, and the :class:`Layouts` it learns
+    into (its own, or one shared by the backends of a per-user mount)."""
+
+    def __init__(self, api: ApiClient, settings: RucioSettings,
+                 layouts: Layouts | None = None) -> None:
         self.api = api
         self.settings = settings
         self.counters: Counter[str] = Counter()
-        self._descriptions: TTLCache[str, RseDescription] = TTLCache(1000, DESCRIPTION_TTL)
-        self._unreachable: TTLCache[str, bool] = TTLCache(1000, DESCRIPTION_RETRY)
-        self._describing: dict[str, trio.Event] = {}
-        #: RSEs whose catalog PFNs matched the computed ones, with how often.
-        self._confirmed: Counter[str] = Counter()
-        #: RSEs whose catalog PFNs did not: never guessed again on this mount.
-        self._rejected: set[str] = set()
-        self._samples: dict[str, list[tuple[str, str, str]]] = {}
+        self.layouts = layouts or Layouts()
         #: Whether RSEs are learned from the catalog's answers (off with the metadata layer:
         #: then only ``rses`` and ``speculate`` name RSEs to guess on).
         self.learning = True
@@ -96,6 +141,11 @@ class Speculator:
     def explicit(self) -> bool:
         return self.settings.speculate not in (("auto",), ("off",))
 
+    @property
+    def learns(self) -> bool:
+        """Whether a guess may become possible while a read waits for the catalog."""
+        return self.enabled and not self.explicit and self.learning
+
     async def start(self) -> None:
         """Describe the RSEs named by the settings before the first read needs them. An
         RSE named in ``speculate=`` that the catalog does not know fails the mount."""
@@ -103,6 +153,8 @@ class Speculator:
         if not self.enabled:
             return
         for rse in named:
+            if rse in self.layouts.descriptions:
+                continue
             try:
                 await self._fetch(rse)
             except NotFound:
@@ -115,7 +167,7 @@ class Speculator:
     def first_endpoint(self) -> str | None:
         """A PFN on the storage the next guess goes to (to connect to it ahead), or None."""
         for rse in self.settings.speculate if self.explicit else self.settings.rses:
-            description = self._descriptions.get(rse)
+            description = self.layouts.descriptions.get(rse)
             pfn = description.pfn("x", "x", self.settings.schemes) if description else None
             if pfn is not None:
                 return pfn
@@ -130,7 +182,7 @@ class Speculator:
         """``(rse, pfn)`` to read ``scope:name`` from before the catalog answers, or None."""
         for rse in await self._candidates():
             description = await self._describe(rse)
-            if description is None or rse in self._rejected:
+            if description is None or rse in self.layouts.rejected:
                 continue
             pfn = description.pfn(scope, name, self.settings.schemes)
             if pfn is not None:
@@ -142,46 +194,45 @@ class Speculator:
         layout (RSEs not described yet are checked once they are)."""
         if not self.enabled:
             return
+        layouts = self.layouts
         for pfn, info in pfns.items():
             rse = str(info.get("rse", ""))
-            if not rse or rse in self._rejected:
+            if not rse or rse in layouts.rejected:
                 continue
-            description = self._descriptions.get(rse)
+            description = layouts.descriptions.get(rse)
             if description is None:
-                samples = self._samples.setdefault(rse, [])
-                if len(samples) < SAMPLES_PER_RSE:
-                    samples.append((scope, name, pfn))
+                layouts.sample(rse, scope, name, pfn)  # checked once it is described
                 continue
             self._check(description, scope, name, pfn)
 
     def forget(self) -> None:
-        """Forget what was learned from the catalog (a cache drop: cold means cold). The
-        descriptions stay: they are the storage's configuration, not catalog content."""
-        self._confirmed.clear()
-        self._samples.clear()
+        """Forget what was learned from the catalog (see :meth:`Layouts.forget`)."""
+        self.layouts.forget()
 
     # -- internals ---------------------------------------------------------------------------
 
     async def _candidates(self) -> list[str]:
         if self.explicit:
             return list(self.settings.speculate)
-        for rse in list(self._samples):  # RSEs the catalog named: describe and check them
-            if rse not in self._descriptions and rse not in self._unreachable:
+        layouts = self.layouts
+        for rse in list(layouts.samples):  # RSEs the catalog named: describe and check them
+            if rse not in layouts.descriptions and rse not in layouts.unreachable:
                 await self._describe(rse)
-        preferred = [r for r in self.settings.rses if r not in self._rejected]
-        learned = [r for r, _ in self._confirmed.most_common() if r not in preferred]
+        preferred = [r for r in self.settings.rses if r not in layouts.rejected]
+        learned = [r for r, _ in layouts.confirmed.most_common() if r not in preferred]
         return preferred + learned
 
     def _check(self, description: RseDescription, scope: str, name: str, pfn: str) -> None:
         computed = description.pfns(scope, name)
         if not computed:
             return
+        layouts = self.layouts
         if pfn in computed:
             if self.learning:
-                self._confirmed[description.rse] += 1
+                layouts.confirm(description.rse)
             return
-        self._rejected.add(description.rse)
-        self._confirmed.pop(description.rse, None)
+        layouts.rejected.add(description.rse)
+        layouts.confirmed.pop(description.rse, None)
         self.counters["speculative_layout_rejected"] += 1
         log.warning("RSE %s: the catalog's PFN for %s:%s is not the one computed with "
                     "lfn2pfn %s: its files are no longer guessed", description.rse, scope,
@@ -190,8 +241,8 @@ class Speculator:
     async def _describe(self, rse: str) -> RseDescription | None:
         """The RSE's description, fetched once (concurrent callers wait for one request);
         None while it cannot be had."""
-        description = self._descriptions.get(rse)
-        if description is not None or rse in self._unreachable:
+        description = self.layouts.descriptions.get(rse)
+        if description is not None or rse in self.layouts.unreachable:
             return description
         try:
             return await self._fetch(rse)
@@ -201,24 +252,25 @@ class Speculator:
             return None
 
     async def _fetch(self, rse: str) -> RseDescription | None:
-        pending = self._describing.get(rse)
+        layouts = self.layouts
+        pending = layouts.describing.get(rse)
         if pending is not None:
             await pending.wait()
-            return self._descriptions.get(rse)
-        self._describing[rse] = trio.Event()
+            return layouts.descriptions.get(rse)
+        layouts.describing[rse] = trio.Event()
         try:
             self.counters["rse_descriptions"] += 1
             info = await self.api.json("GET", f"/rses/{quote(rse, safe='')}",
                                        what=f"description of RSE {rse}")
         except RucioFsError:
-            self._unreachable[rse] = True
+            layouts.unreachable[rse] = True
             raise
         finally:
-            self._describing.pop(rse).set()
+            layouts.describing.pop(rse).set()
         description = RseDescription.parse(rse, info if isinstance(info, dict) else {})
-        self._descriptions[rse] = description
+        layouts.descriptions[rse] = description
         if description.refusal:
             log.info("RSE %s: files are not guessed (%s)", rse, description.refusal)
-        for scope, name, pfn in self._samples.pop(rse, []):
+        for scope, name, pfn in layouts.samples.pop(rse, []):
             self._check(description, scope, name, pfn)
         return description
