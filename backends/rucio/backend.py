@@ -69,7 +69,7 @@ from .settings import (
     RucioSettings,
     load_settings,
 )
-from .speculation import Speculator, checksums_match
+from .speculation import LESSON_WAIT, Speculator, checksums_match
 
 __all__ = ["MAX_DIDS_PER_REQUEST", "Did", "ReplicaResolver", "RucioBackend"]
 
@@ -659,6 +659,12 @@ class RucioBackend(Backend):
         if guess is None and not self.speculator.learns:
             return None
         counters = self.speculator.counters
+        under_way = self.speculator.layouts.lesson_under_way() if guess is None else None
+        if under_way is not None:
+            counters["speculative_waited"] += 1
+            with trio.move_on_after(LESSON_WAIT):
+                await under_way.wait()
+            guess = await self.speculator.guess(handle.did.scope, handle.did.name)
         found: list[bytes | memoryview] = []
         failures: list[RucioFsError] = []
         hedge = trio.CancelScope()
@@ -666,7 +672,8 @@ class RucioBackend(Backend):
 
         async def lookup() -> None:
             try:
-                handle.replicas = self._ordered(handle, await self._resolve(handle))
+                with self.speculator.layouts.first_lookup():
+                    handle.replicas = self._ordered(handle, await self._resolve(handle))
             except RucioFsError as exc:
                 failures.append(exc)
                 if guessing[0]:

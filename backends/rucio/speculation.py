@@ -25,11 +25,12 @@ the one computed here: counted, logged once).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import zlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -51,6 +52,10 @@ DESCRIPTION_TTL = 3600.0
 DESCRIPTION_RETRY = 60.0
 #: Catalog PFNs remembered per RSE not described yet (checked once it is).
 SAMPLES_PER_RSE = 4
+#: Longest a first read waits for the first replica lookup since a drop (see
+#: :meth:`Layouts.lesson_under_way`) before it asks on its own: a lookup takes 60-300 ms
+#: on the test server; one stuck for longer delays the others by at most this.
+LESSON_WAIT = 1.0
 
 
 def checksums_match(data: bytes | memoryview, entry: Entry) -> bool:
@@ -89,6 +94,33 @@ class Layouts:
         self.rejected: set[str] = set()
         self.samples: dict[str, list[tuple[str, str, str]]] = {}
         self._learned = trio.Event()
+        #: The first replica lookup since the last :meth:`forget`, while it runs.
+        self._first_lookup: trio.Event | None = None
+        #: Whether a replica lookup has ended since the last :meth:`forget`.
+        self._taught = False
+
+    def lesson_under_way(self) -> trio.Event | None:
+        """While the first replica lookup since the last :meth:`forget` runs, the event set
+        when it ends: a first read with nothing to guess on waits for it rather than send
+        a lookup of its own beside it (what it teaches may make that read a guess; on a
+        per-user mount, ten users' lookups at once also kept the catalog's workers from
+        everyone's stats). None once it ended: reads that find nothing to guess then
+        ask at once. Waiting is bounded by :data:`LESSON_WAIT`."""
+        event = self._first_lookup
+        return event if event is not None and not event.is_set() else None
+
+    @contextlib.contextmanager
+    def first_lookup(self) -> Iterator[None]:
+        """Around a replica lookup: marks the first one since the last :meth:`forget`."""
+        if self._taught or self._first_lookup is not None:
+            yield
+            return
+        self._first_lookup = event = trio.Event()
+        try:
+            yield
+        finally:
+            self._taught = True
+            event.set()
 
     def next_lesson(self) -> trio.Event:
         """An event set when something is next learned that may make a guess possible: an
@@ -117,6 +149,8 @@ class Layouts:
         descriptions stay: they are the storage's configuration, not catalog content."""
         self.confirmed.clear()
         self.samples.clear()
+        self._taught = False
+        self._first_lookup = None
 
 
 class Speculator:
