@@ -364,6 +364,16 @@ def test_an_rse_whose_catalog_pfns_differ_from_the_computed_ones_is_no_longer_gu
     assert speculator.counters["speculative_layout_rejected"] == 1
 
 
+async def _two_users() -> tuple[RucioBackend, RucioBackend]:
+    """Two started backends sharing their hints, as two users' of one per-user mount."""
+    hints: dict = {}
+    backends = _backend("rucio:///bench"), _backend("rucio:///bench")
+    for backend in backends:
+        backend.use_hints(hints)
+        await backend.start()
+    return backends
+
+
 def test_a_read_waiting_for_its_replicas_guesses_on_a_layout_another_user_taught(rucio_server):
     """The backends of a per-user mount share what they learn of RSE layouts — where to look,
     never what is there. User b's first read, waiting for its own (slow) replica lookup,
@@ -374,11 +384,7 @@ def test_a_read_waiting_for_its_replicas_guesses_on_a_layout_another_user_taught
     results: dict[str, object] = {}
 
     async def main() -> None:
-        hints: dict = {}
-        a, b = _backend("rucio:///bench"), _backend("rucio:///bench")
-        for backend in (a, b):
-            backend.use_hints(hints)
-            await backend.start()
+        a, b = await _two_users()
         b.resolver.api = SlowCatalog(delay=3.0)  # type: ignore[assignment]
         try:
             handle = await b.open(f"/ds500/{waiting['name']}", _entry(waiting))
@@ -450,16 +456,12 @@ def test_first_reads_wait_for_the_first_lookup_since_a_drop_and_then_guess(rucio
     """Right after a drop nothing is known of layouts: the first read asks the replica
     catalog, and first reads arriving meanwhile (here another user's, sharing layouts) wait
     for that answer rather than send lookups of their own beside it — then guess, and ask
-    nothing. After the first answer, a read with nothing to guess asks at once."""
+    nothing."""
     first, second = rucio_server.catalog["ds500"][20:22]
     results: dict[str, object] = {}
 
     async def main() -> None:
-        hints: dict = {}
-        a, b = _backend("rucio:///bench"), _backend("rucio:///bench")
-        for backend in (a, b):
-            backend.use_hints(hints)
-            await backend.start()
+        a, b = await _two_users()
         a.resolver.api = DelayedCatalog(a.resolver.api, 0.5)  # type: ignore[assignment]
         b.resolver.api = catalog_b = DelayedCatalog(b.resolver.api, 0)  # type: ignore[assignment]
         try:
