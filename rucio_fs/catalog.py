@@ -24,7 +24,7 @@ import trio
 
 from .accounting import BackendCalls
 from .backend import Backend, Capability, Entry, FsUsage, Kind, Upload, content_version
-from .caches import CacheLayer, Listing, ttl_cache
+from .caches import CacheLayer, EqualEntries, Listing, ttl_cache
 from .config import MountConfig
 from .datapath import DataPath
 from .disk_cache import DiskCache
@@ -110,6 +110,9 @@ class Catalog:
         self.backend = backend
         self.config = config
         self.stats = stats
+        #: Per-user mounts: where this user's listed entries meet the other users' equal
+        #: ones (see :class:`~rucio_fs.caches.EqualEntries`); None elsewhere.
+        self.equal_entries: EqualEntries | None = None
 
         def metadata_ttl(entry: Entry) -> float:
             if entry is _MISSING:
@@ -282,8 +285,9 @@ class Catalog:
 
         async def from_backend(sink: Sink) -> None:
             async def fetch() -> None:
+                equal = self.equal_entries
                 async for entry in self.backend.list(path):
-                    sink(entry)
+                    sink(entry if equal is None else equal(path, entry))
 
             await self.calls.timed("list", fetch)
 

@@ -30,6 +30,7 @@ import trio
 
 from . import __version__, control, kernel_tuning
 from .backend import Backend, Capability, Entry, Kind
+from .caches import EqualEntries
 from .catalog import Catalog
 from .config import LAYERS, MountConfig
 from .disk_cache import DiskCache
@@ -262,6 +263,7 @@ def _per_user(req: MountRequest, stats: Stats, ops_holder: list[RucioFs]) -> Ide
     config = req.cache
     writebacks: dict[int, WriteBack] = {}
     hints: dict[str, Any] = {}  # shared by every user's backend (Backend.use_hints)
+    equal_entries = EqualEntries(config.listing_max_entries)
 
     async def make_backend(credentials: CallerCredentials) -> Backend:
         backend = await trio.to_thread.run_sync(cls.for_caller, req.url, credentials)
@@ -283,6 +285,7 @@ def _per_user(req: MountRequest, stats: Stats, ops_holder: list[RucioFs]) -> Ide
 
     def make_catalog(backend: Backend, credentials: CallerCredentials) -> Catalog:
         catalog = Catalog(backend, config, stats, None)
+        catalog.equal_entries = equal_entries
         catalog.nursery = ops_holder[0].nursery if ops_holder else None
         if backend.capabilities & Capability.WRITE:
             _user_writeback(req, writebacks, credentials.uid, catalog, ops_holder[0])

@@ -144,3 +144,30 @@ def test_listing_ttl_expires(mount_fs):
     ls_l(d)
     lists = counters(m)["list"]
     wait_for(lambda: ls_l(d) and counters(m)["list"] > lists, timeout=5, interval=0.1)
+
+
+def test_equal_entries_of_two_users_listings_become_one_object_and_only_equal_ones():
+    """Per-user mounts: an entry of one user's listing is replaced by another user's only
+    when every field is equal — a user is never shown a value its own catalog did not give
+    (here: other checksums, other metadata, another size)."""
+    from rucio_fs.backend import Entry, Kind
+    from rucio_fs.caches import EqualEntries
+
+    equal = EqualEntries(max_entries=2)
+
+    def entry(**changes) -> Entry:
+        fields = {"name": "f", "kind": Kind.FILE, "size": 4, "mtime_ns": 1,
+                  "checksums": {"adler32": "0001"}, "immutable": True, "metadata": {"k": "v"},
+                  **changes}
+        return Entry(**fields)
+
+    first = entry()
+    assert equal("/d", first) is first
+    assert equal("/d", entry()) is first  # another user's equal entry: one object
+    for changed in (entry(checksums={"adler32": "0002"}), entry(metadata={"k": "w"}),
+                    entry(size=5)):
+        assert equal("/d", changed) is changed  # its own values, never the other's
+    assert equal("/e", entry()) is not first  # another directory's name is another file
+    equal("/x", entry(name="x"))
+    equal("/y", entry(name="y"))
+    assert len(equal._entries) == 2  # bounded
