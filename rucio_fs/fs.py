@@ -446,7 +446,6 @@ class RucioFs(pyfuse3.Operations):
                 raise listing.error
         entries, names, children = listing.entries, listing.names, parent.children
         lookup, attrs_of, reply = self.inodes.lookup, self._attrs, pyfuse3.readdir_reply
-        same = same_attributes
         writes = self.writes
         dirty_files = writes.files if writes is not None else {}
         for index in range(start_id, len(entries)):
@@ -459,11 +458,9 @@ class RucioFs(pyfuse3.Operations):
                     entry = dirty.entry()
             child = children.get(entry.name)
             if child is not None and child.attrs is not None and (
-                    child.entry is entry or same(child.entry, entry)):
-                # Warm path: the kernel already knows this file and its attributes (what
-                # Inode.take would check again: on a per-user mount, the entry is often
-                # another user's equal one, and this loop runs once per listed name).
-                child.entry = entry
+                    child.entry is entry or same_attributes(child.entry, entry)):
+                # Warm path: the kernel already knows this file and its attributes.
+                child.take(entry)
                 child.lookups += 1
                 child.fetched_at = now
                 attrs = child.attrs

@@ -668,7 +668,7 @@ class RucioBackend(Backend):
         found: list[bytes | memoryview] = []
         failures: list[RucioFsError] = []
         hedge = trio.CancelScope()
-        guessing = [False]
+        guessing = False
 
         async def lookup() -> None:
             try:
@@ -676,7 +676,7 @@ class RucioBackend(Backend):
                     handle.replicas = self._ordered(handle, await self._resolve(handle))
             except RucioFsError as exc:
                 failures.append(exc)
-                if guessing[0]:
+                if guessing:
                     return  # the guess may still answer
             nursery.cancel_scope.cancel()
 
@@ -686,10 +686,11 @@ class RucioBackend(Backend):
                 nursery.start_soon(lookup)
 
         async def guessed_read(guess: tuple[str, str]) -> None:
+            nonlocal guessing
             rse, pfn = guess
             url, _ = _readable_url(pfn, self.settings)
             counters["speculative_reads"] += 1
-            guessing[0] = True
+            guessing = True
             try:
                 data = await self.guess_reader.read(url, 0, handle.entry.size)
             except RucioFsError as exc:

@@ -94,10 +94,9 @@ class Layouts:
         self.rejected: set[str] = set()
         self.samples: dict[str, list[tuple[str, str, str]]] = {}
         self._learned = trio.Event()
-        #: The first replica lookup since the last :meth:`forget`, while it runs.
+        #: Set when the first replica lookup since the last :meth:`forget` ends (None:
+        #: none started yet).
         self._first_lookup: trio.Event | None = None
-        #: Whether a replica lookup has ended since the last :meth:`forget`.
-        self._taught = False
 
     def lesson_under_way(self) -> trio.Event | None:
         """While the first replica lookup since the last :meth:`forget` runs, the event set
@@ -112,14 +111,13 @@ class Layouts:
     @contextlib.contextmanager
     def first_lookup(self) -> Iterator[None]:
         """Around a replica lookup: marks the first one since the last :meth:`forget`."""
-        if self._taught or self._first_lookup is not None:
+        if self._first_lookup is not None:
             yield
             return
         self._first_lookup = event = trio.Event()
         try:
             yield
         finally:
-            self._taught = True
             event.set()
 
     def next_lesson(self) -> trio.Event:
@@ -149,7 +147,6 @@ class Layouts:
         descriptions stay: they are the storage's configuration, not catalog content."""
         self.confirmed.clear()
         self.samples.clear()
-        self._taught = False
         self._first_lookup = None
 
 
