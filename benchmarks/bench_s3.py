@@ -14,6 +14,9 @@ Experiments (the same server, one run):
   back cold with ``cat``, beside s3fs.
 * ``first-byte``: ``cat`` of a 4 KiB object on a fresh mount with the page cache dropped,
   every client in turn (rucio-fs, the peers, GeeseFS when built), median of ``--repeat``.
+* ``burst``: 16 ``cat``s at once of 4 KiB objects in one directory, fresh mounts, page cache
+  dropped: rucio-fs, rucio-fs with the kernel's serial lookups (``rucio-fs-serial``), the
+  peers. On loopback every request is CPU, so this measures CPU per file more than waiting.
 
 ``--server DIR`` reuses servers started with ``scripts/servers/s3.sh start DIR``; otherwise they
 are started in a temporary directory and stopped by PID at the end.
@@ -28,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +43,7 @@ from urllib.parse import quote, urlsplit
 
 from common import (
     Mount,
+    concurrently,
     drop_page_cache,
     geesefs_binary,
     random_file,
@@ -192,6 +197,29 @@ def exp_first_byte(env: dict, root: Path, repeat: int, peers: list[str]) -> dict
     return result
 
 
+def exp_burst(env: dict, root: Path, repeat: int, peers: list[str], width: int = 16) -> dict:
+    prefix = f"burst-{uuid.uuid4().hex[:6]}"
+    with s3_peer_mount("rucio-fs", env, prefix, root) as mnt:
+        (mnt / "d").mkdir()
+        for i in range(repeat * width):
+            (mnt / "d" / f"small-{i}.dat").write_bytes(os.urandom(4096))
+    kinds = ["rucio-fs", "rucio-fs-serial", *peers]
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for i in range(repeat):  # interleaved; each round reads files no mount has seen
+        files = [f"d/small-{i * width + k}.dat" for k in range(width)]
+        for kind in kinds:
+            with s3_peer_mount(kind, env, prefix, root) as mnt:
+                os.stat(mnt / "d")
+                drop_page_cache()
+                times[kind].append(max(concurrently([["cat", str(mnt / f)] for f in files])))
+    result = {kind: {"median_ms": 1000 * statistics.median(t),
+                     "range_ms": [1000 * min(t), 1000 * max(t)]} for kind, t in times.items()}
+    for kind, r in result.items():
+        print(f"  {kind:<15} {width} cold cats at once {r['median_ms']:6.1f} ms "
+              f"({r['range_ms'][0]:.1f}-{r['range_ms'][1]:.1f})", flush=True)
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -221,6 +249,8 @@ def main() -> int:
             results["big"] = exp_big(env, root, args.big_mib, peers)
         if "first-byte" in chosen:
             results["first_byte"] = exp_first_byte(env, root, max(args.repeat, 5), peers)
+        if "burst" in chosen:
+            results["burst"] = exp_burst(env, root, max(args.repeat, 5), peers)
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
     return 0

@@ -166,16 +166,24 @@ def geesefs_binary() -> str | None:
     return os.environ.get("GEESEFS") or shutil.which("geesefs")
 
 
+#: The environment of a rucio-fs mount that leaves the kernel sending the lookups of one
+#: directory one at a time (libfuse's behaviour before 3.17): a same-run baseline.
+SERIAL_DIROPS = {"RUCIO_FS_PARALLEL_DIROPS": "0"}
+
+
 @contextmanager
 def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path,
                   part_mb: int = 0) -> Iterator[Path]:
     """``prefix`` of bucket ``test`` mounted by rucio-fs, ``s3fs``, ``geesefs`` or ``rclone``
     (``env``: the ``server.env`` of ``scripts/servers/s3.sh``); unmounted on exit.
-    ``part_mb``: the multipart part size, where not the client's default (s3fs only)."""
+    ``rucio-fs-serial``: rucio-fs leaving the kernel's lookups in one directory one at a time
+    (``RUCIO_FS_PARALLEL_DIROPS=0``). ``part_mb``: the multipart part size, where not the
+    client's default (s3fs only)."""
     path = Path(tempfile.mkdtemp(dir=root))
     endpoint = env["VGW_ENDPOINT"]
-    if kind == "rucio-fs":
-        mount = Mount(root, f"s3://test/{prefix}", "-o", f"endpoint_url={endpoint}")
+    if kind.startswith("rucio-fs"):
+        mount = Mount(root, f"s3://test/{prefix}", "-o", f"endpoint_url={endpoint}",
+                      env={**os.environ, **SERIAL_DIROPS} if kind == "rucio-fs-serial" else None)
         try:
             yield mount.path
         finally:

@@ -40,6 +40,7 @@ class BackendCalls:
         op = self.stats.backend_call(call)
         start = time.perf_counter_ns()
         limit = self.timeout + extra_seconds
+        op.begin()
         try:
             with trio.fail_after(limit):
                 return await fn()
@@ -58,4 +59,5 @@ class BackendCalls:
             log.debug("backend %s call failed unexpectedly", call, exc_info=True)
             raise Unavailable(f"backend {call} failed unexpectedly: {exc!r}") from exc
         finally:
+            op.end()
             op.latency.add(time.perf_counter_ns() - start)

@@ -423,6 +423,7 @@ async def _session(req: MountRequest, ops: RucioFs, stats: Stats,
         options.add("allow_other")
     if req.debug:
         options.add("debug")
+    kernel_tuning.ask_parallel_dirops()
     try:
         pyfuse3.init(ops, req.mountpoint, options)
     except RuntimeError as exc:
@@ -466,6 +467,10 @@ async def _finish_mount(req: MountRequest, minor: int, stats: Stats,
     await trio.to_thread.run_sync(os.stat, req.mountpoint)
     stats.static["kernel"].update(kernel_tuning.tune(minor, req.read_ahead_kb,
                                                      req.max_background))
+    parallel = stats.static["kernel"]["parallel_dirops"] = kernel_tuning.parallel_dirops()
+    if parallel is False:
+        log.info("the kernel sends the lookups of one directory one at a time "
+                 "(libfuse < 3.17; see docs/reading.md)")
     log.info("mounted %s on %s (fuse connection %d)", req.url, req.mountpoint, minor)
     _report(state["ready_fd"], "ok")
     state["ready_fd"] = None

@@ -83,6 +83,7 @@ def fuse_op(fn: F) -> F:
         start = time.perf_counter_ns() if TIMING or recorder is not None else 0
         code = 0
         self.requests_running += 1
+        op.begin()
         try:
             if self.identities is not None and not (
                     name == "statfs" or (name == "getattr" and args[0] == ROOT_INO)):
@@ -102,6 +103,7 @@ def fuse_op(fn: F) -> F:
             raise pyfuse3.FUSEError(errno.EIO) from None
         finally:
             self.requests_running -= 1
+            op.end()
             self.last_request_end = time.monotonic()
             if code:
                 op.errors[errno_name(code)] += 1

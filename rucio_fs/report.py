@@ -53,7 +53,7 @@ def to_table(snap: Mapping[str, Any]) -> str:
     for section, title in (("fuse", "FUSE operations"), ("backend", "backend calls")):
         ops = snap.get(section, {})
         lines += ["", f"{title:<14} {'count':>9} {'errors':>7} {'mean ms':>9} {'p50 ms':>9} "
-                      f"{'p99 ms':>9} {'max ms':>9} {'bytes':>13}"]
+                      f"{'p99 ms':>9} {'max ms':>9} {'bytes':>13} {'at once':>7}"]
         for name, data in ops.items():
             hist = data["latency"]
             if not hist["count"]:
@@ -62,7 +62,8 @@ def to_table(snap: Mapping[str, Any]) -> str:
             lines.append(
                 f"{name:<14} {hist['count']:>9} {errors:>7} "
                 f"{_ms(hist['total_ns'] / hist['count']):>9} {_ms(quantile(hist, 0.5)):>9} "
-                f"{_ms(quantile(hist, 0.99)):>9} {_ms(hist['max_ns']):>9} {data['bytes']:>13}")
+                f"{_ms(quantile(hist, 0.99)):>9} {_ms(hist['max_ns']):>9} {data['bytes']:>13} "
+                f"{data.get('peak', 0):>7}")
             if errors:
                 lines.append(f"{'':<14} errors: " + ", ".join(
                     f"{k}={v}" for k, v in sorted(data["errors"].items())))

@@ -58,18 +58,30 @@ def quantile(hist: Mapping[str, Any], q: float) -> float:
 
 
 class OpStats:
-    """One kind of call (a FUSE op or a backend call): count, errors by errno, latency, bytes."""
+    """One kind of call (a FUSE op or a backend call): count, errors by errno, latency, bytes,
+    and the most under way at once (``peak``: e.g. whether the kernel sent lookups together)."""
 
-    __slots__ = ("bytes", "errors", "latency")
+    __slots__ = ("bytes", "errors", "latency", "peak", "running")
 
     def __init__(self) -> None:
         self.latency = Log2Histogram()
         self.errors: Counter[str] = Counter()
         self.bytes = 0
+        self.running = 0
+        self.peak = 0
+
+    def begin(self) -> None:
+        """One more call of this kind under way; :meth:`end` when it is over."""
+        self.running += 1
+        if self.running > self.peak:
+            self.peak = self.running
+
+    def end(self) -> None:
+        self.running -= 1
 
     def as_dict(self) -> dict[str, Any]:
         return {"latency": self.latency.as_dict(), "errors": dict(self.errors),
-                "bytes": self.bytes}
+                "bytes": self.bytes, "peak": self.peak}
 
 
 def errno_name(code: int) -> str:
@@ -160,6 +172,8 @@ def flatten(snap: Mapping[str, Any]) -> dict[str, float | str]:
                 flat[f"{prefix}.errno.{name}"] = n
             if data.get("bytes"):
                 flat[f"{prefix}.bytes"] = data["bytes"]
+            if data.get("peak"):
+                flat[f"{prefix}.peak"] = data["peak"]
             flat.update(summarize(f"{prefix}.latency_ns", hist))
             for k, n in enumerate(hist["bins"]):
                 if n:

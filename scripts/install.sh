@@ -26,21 +26,33 @@ quiet() { "$@" >"$log" 2>&1 || { cat "$log" >&2; echo "install.sh: failed: $*" >
 quiet .venv/bin/python -m pip install --upgrade pip
 # pyfuse3 ships as an sdist only: this compiles it against libfuse3.
 quiet .venv/bin/python -m pip install -e ".[test]"
-# pyfuse3 cannot ask the kernel to cache directory listings: its sdist is built again here
-# with scripts/pyfuse3-cache-readdir.patch (15 lines). rucio-fs works without it (docs/caches.md).
-if ! .venv/bin/python -c 'import pyfuse3, sys; sys.exit(not hasattr(pyfuse3.FileInfo(), "cache_readdir"))'; then
-  version=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("pyfuse3"))')
+# pyfuse3 is built again here from its sdist with two patches; rucio-fs works without either:
+# - scripts/pyfuse3-cache-readdir.patch (15 lines): the kernel may cache directory listings
+#   (docs/caches.md);
+# - scripts/pyfuse3-parallel-dirops.patch: FUSE_INIT tells the kernel that lookups in one
+#   directory may run at once, which libfuse < 3.17 forgets to (docs/reading.md).
+patched='import pyfuse3, sys; sys.exit(not (hasattr(pyfuse3.FileInfo(), "cache_readdir") and hasattr(pyfuse3, "set_parallel_dirops")))'
+if ! .venv/bin/python -c "$patched"; then
+  version=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("pyfuse3").split("+")[0])')
   build=$(mktemp -d)
   quiet .venv/bin/python -m pip download -q --no-deps --no-binary :all: -d "$build" "pyfuse3==$version"
   tar -xzf "$build"/pyfuse3-*.tar.gz -C "$build"
   src=$(find "$build" -mindepth 1 -maxdepth 1 -type d -name 'pyfuse3-*')
-  if patch -s -p1 -d "$src" --dry-run <scripts/pyfuse3-cache-readdir.patch >/dev/null; then
-    patch -s -p1 -d "$src" <scripts/pyfuse3-cache-readdir.patch
+  applied=""
+  for patch_file in scripts/pyfuse3-cache-readdir.patch scripts/pyfuse3-parallel-dirops.patch; do
+    if patch -s -p1 -d "$src" --dry-run <"$patch_file" >/dev/null; then
+      patch -s -p1 -d "$src" <"$patch_file"
+      name=$(basename "$patch_file" .patch)
+      applied="$applied.${name#pyfuse3-}"
+    else
+      echo "install.sh: $patch_file does not apply to pyfuse3 $version: built without it" >&2
+    fi
+  done
+  applied=${applied//-/}
+  if [ -n "$applied" ]; then
     rm -f "$src/src/pyfuse3/__init__.c"  # made again by Cython from the patched sources
-    SETUPTOOLS_SCM_PRETEND_VERSION="$version+cachereaddir" \
+    SETUPTOOLS_SCM_PRETEND_VERSION="$version+rucio${applied}" \
       quiet .venv/bin/python -m pip install --no-deps --force-reinstall "$src"
-  else
-    echo "install.sh: the listing-cache patch does not apply to pyfuse3 $version: kernel listing cache off" >&2
   fi
   rm -rf "$build"
 fi

@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import threading
 
 import pytest
 from rucio_fs.backends.demo.content import BIG_MD5, BIG_SIZE, big_file_range, small_file
@@ -197,3 +198,36 @@ def test_holes_and_extensions_read_as_zeros_in_reused_staging_slots(mount_fs, wr
     for i in range(20):
         assert (mnt.path / f"hole{i}").read_bytes() == bytes(1000) + b"end"
         assert (mnt.path / f"grown{i}").read_bytes() == b"start" + bytes(2995)
+
+
+def stat_together(paths: list) -> None:
+    """``os.stat`` of every path at once, one thread each, started together."""
+    barrier = threading.Barrier(len(paths))
+
+    def one(path) -> None:
+        barrier.wait()
+        os.stat(path)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in paths]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+@pytest.mark.parametrize("parallel", [True, False], ids=["told", "libfuse-default"])
+def test_lookups_in_one_directory_reach_the_daemon_together(mount_fs, monkeypatch, parallel):
+    """libfuse before 3.17 never tells the kernel that lookups in one directory may run at
+    once, so the kernel sends them one after the other; the mount tells it
+    (scripts/pyfuse3-parallel-dirops.patch). Eight cold stats of eight names in one directory
+    (each lookup waits 0.5 s for the catalog) are then in the daemon together, not in turn."""
+    if not parallel:
+        monkeypatch.setenv("RUCIO_FS_PARALLEL_DIROPS", "0")
+    m = mount_fs("demo://?latency=500ms")
+    directory = m.path / "ls" / "files-500"
+    os.stat(directory)
+    stat_together([directory / f"file-{n:06d}.dat" for n in range(1, 9)])
+    snap = m.stats()
+    assert snap["kernel"]["parallel_dirops"] is parallel
+    peak = snap["fuse"]["lookup"]["peak"]
+    assert (peak >= 4) if parallel else (peak == 1), peak

@@ -10,6 +10,8 @@ import random
 import subprocess
 import time
 import uuid
+from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 from conftest import journal_records, run_cli, staged_bytes, wait_for
@@ -60,6 +62,43 @@ def test_listing_10000_objects_costs_its_pages_and_reads_verify(mount_fs, s3_ser
     for name in random.Random(1).sample(names, 25):
         assert (mnt.path / name).read_bytes() == objects[name]
 
+
+
+def logged_requests(server) -> list[tuple[str, str]]:
+    """(operation, request URI unquoted) of every request in versitygw's access log."""
+    requests = []
+    for line in Path(server.env["VGW_ACCESS_LOG"]).read_text(errors="replace").splitlines():
+        fields = line.split()
+        ops = [i for i, field in enumerate(fields) if field.startswith("s3_")]
+        if ops and ops[0] + 2 < len(fields):
+            requests.append((fields[ops[0]], unquote(fields[ops[0] + 2])))
+    return requests
+
+
+def test_a_cold_cat_asks_one_list_per_name_and_one_get(mount_fs, s3_server):
+    """The first-byte design (docs/reading.md), counted in the server's own access log: on a
+    fresh mount, ``cat dir/small.dat`` is one LIST per name looked up (the object and
+    ``name/`` in one answer), no HEAD, nothing at open, one GET for the bytes."""
+    prefix = unique("first-byte")
+    data = random.Random(4).randbytes(4096)
+    s3_server.seed(prefix, {"dir/small.dat": data})
+    mnt = mount_s3(mount_fs, s3_server.endpoint, prefix)
+
+    def ours() -> list[tuple[str, str]]:
+        return [(op, uri) for op, uri in logged_requests(s3_server)
+                if f"/test/{prefix}/" in uri or f"prefix={prefix}/" in uri]
+
+    before = len(ours())
+    shown = subprocess.run(["cat", str(mnt.path / "dir" / "small.dat")], check=True,
+                           capture_output=True).stdout
+    assert shown == data
+    wait_for(lambda: len(ours()) >= before + 3)
+    time.sleep(0.3)  # anything more would be logged by now
+    asked = [(op, next((p for p in uri.partition("?")[2].split("&") if p.startswith("prefix=")),
+                       uri.partition("?")[0])) for op, uri in ours()[before:]]
+    assert asked == [("s3_ListObjectsV2", f"prefix={prefix}/dir"),
+                     ("s3_ListObjectsV2", f"prefix={prefix}/dir/small.dat"),
+                     ("s3_GetObject", f"/test/{prefix}/dir/small.dat")], asked
 
 @pytest.mark.parametrize("size", [0, 1, 5 * MiB - 1, 5 * MiB + 1, 200 * MiB],
                          ids=["0B", "1B", "5MiB-1", "5MiB+1", "200MiB"])

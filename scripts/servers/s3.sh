@@ -8,7 +8,7 @@
 #
 #   s3.sh install DIR   build versitygw and install moto if missing
 #   s3.sh start DIR     install what is missing, start both, create bucket "test" on each;
-#                       writes DIR/server.env (endpoints and credentials)
+#                       writes DIR/server.env (endpoints, credentials, versitygw's access log)
 #   s3.sh stop DIR      stop both, by PID
 #   s3.sh stop-gw DIR / start-gw DIR   stop or start only versitygw (server-down tests)
 #
@@ -40,10 +40,11 @@ start_gw() {
   # shellcheck disable=SC1091
   . "$BASE/server.env"
   # --iam-dir: accounts besides the root one (per-user tests make users owning a bucket).
+  # --access-log: a line per request, so tests count what a client asked of the server.
   mkdir -p "$BASE/vgw-iam"
   ROOT_ACCESS_KEY_ID=$ACCESS ROOT_SECRET_ACCESS_KEY=$SECRET \
     setsid "$VGW" --port "127.0.0.1:$VGW_PORT" --quiet --keep-alive --iam-dir "$BASE/vgw-iam" \
-    posix "$BASE/vgw-data" \
+    --access-log "$BASE/vgw-access.log" posix "$BASE/vgw-data" \
     >>"$BASE/versitygw.log" 2>&1 &
   echo $! >"$BASE/versitygw.pid"
   wait_http "http://127.0.0.1:$VGW_PORT/"
@@ -85,6 +86,7 @@ AWS_ACCESS_KEY_ID=$ACCESS
 AWS_SECRET_ACCESS_KEY=$SECRET
 AWS_REGION=us-east-1
 VGW_DATA=$BASE/vgw-data
+VGW_ACCESS_LOG=$BASE/vgw-access.log
 VGW_BIN=$VGW
 EOF
 start_gw
