@@ -50,6 +50,9 @@ class SnapshotCollector:
         sizes = {section: CounterMetricFamily(
             f"rucio_fs_{section}_bytes", f"Bytes moved by {section} operations",
             labels=[*names, "op"]) for section in ("fuse", "backend")}
+        peaks = {section: GaugeMetricFamily(
+            f"rucio_fs_{section}_at_once_max", f"Most {section} operations under way at once",
+            labels=[*names, "op"]) for section in ("fuse", "backend")}
         cache = CounterMetricFamily("rucio_fs_cache_events", "Cache layer events",
                                     labels=[*names, "layer", "event"])
         coalesced = CounterMetricFamily("rucio_fs_coalesced_calls",
@@ -80,6 +83,8 @@ class SnapshotCollector:
                         errors[section].add_metric([*values, op, err], n)
                     if data.get("bytes"):
                         sizes[section].add_metric([*values, op], data["bytes"])
+                    if data.get("peak"):
+                        peaks[section].add_metric([*values, op], data["peak"])
             for layer, counters in snap.get("cache", {}).items():
                 for event, n in sorted(counters.items()):
                     cache.add_metric([*values, layer, event], n)
@@ -94,6 +99,7 @@ class SnapshotCollector:
         yield from latency.values()
         yield from errors.values()
         yield from sizes.values()
+        yield from peaks.values()
         yield from (cache, coalesced, backend, identities)
 
 

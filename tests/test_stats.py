@@ -41,6 +41,10 @@ def test_counts_match_a_known_workload_exactly(mount_fs):
     assert snap["cache"]["data"]["misses"] == 1 and snap["cache"]["data"]["stores"] == 1
     hist = snap["fuse"]["lookup"]["latency"]
     assert len(hist["bins"]) == N_BINS >= 30 and sum(hist["bins"]) == 3
+    # One call at a time, each kind: the most under way at once is 1 (lookups made together
+    # are in test_mount.py).
+    assert {data["peak"] for section in ("fuse", "backend")
+            for data in snap[section].values()} == {1}
 
 
 def test_errors_are_counted_by_errno(mount_fs):
@@ -55,6 +59,7 @@ def test_formats_reset_and_diff(mount_fs, tmp_path):
     os.listdir(m.path / "ls" / "files-500")
     table = run_cli("stats", str(m.path), check=True).stdout
     assert "readdir" in table and "cache layer" in table and "config:" in table
+    assert "at once" in table.splitlines()[3]
     data = json.loads(run_cli("stats", str(m.path), "--format", "json", check=True).stdout)
     assert data["fuse"]["opendir"]["latency"]["count"] >= 1
     assert data["config"]["listing"] is True
@@ -64,10 +69,12 @@ def test_formats_reset_and_diff(mount_fs, tmp_path):
     assert samples[("rucio_fs_fuse_latency_seconds_count", (("op", "opendir"),))] >= 1
     assert samples[("rucio_fs_cache_events_total",
                     (("event", "misses"), ("layer", "listing")))] >= 1
+    assert samples[("rucio_fs_fuse_at_once_max", (("op", "opendir"),))] >= 1
 
     first = run_cli("stats", str(m.path), "--format", "csv", "--reset", check=True).stdout
     rows = dict(csv.reader(io.StringIO(first)))
     assert rows["metric"] == "value" and int(rows["backend.list.count"]) >= 1
+    assert int(rows["fuse.opendir.peak"]) >= 1
     (tmp_path / "a.csv").write_text(first)
     after_reset = m.stats()
     assert not after_reset["backend"]
