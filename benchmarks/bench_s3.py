@@ -174,6 +174,16 @@ def exp_big(env: dict, root: Path, mib: int, peers: list[str]) -> dict:
     return results
 
 
+def medians_ms(times: dict[str, list[float]], what: str) -> dict:
+    """Each client's median and range in ms, printed one line each."""
+    result = {kind: {"median_ms": 1000 * statistics.median(t),
+                     "range_ms": [1000 * min(t), 1000 * max(t)]} for kind, t in times.items()}
+    for kind, r in result.items():
+        print(f"  {kind:<15} {what} {r['median_ms']:6.1f} ms "
+              f"({r['range_ms'][0]:.1f}-{r['range_ms'][1]:.1f})", flush=True)
+    return result
+
+
 def exp_first_byte(env: dict, root: Path, repeat: int, peers: list[str]) -> dict:
     prefix = f"first-byte-{uuid.uuid4().hex[:6]}"
     with s3_peer_mount("rucio-fs", env, prefix, root) as mnt:
@@ -189,12 +199,7 @@ def exp_first_byte(env: dict, root: Path, repeat: int, peers: list[str]) -> dict
                 data = (mnt / f"small-{i}.dat").read_bytes()
                 times[kind].append(time.perf_counter() - start)
                 assert len(data) == 4096, (kind, len(data))
-    result = {kind: {"median_ms": 1000 * sorted(t)[len(t) // 2],
-                     "range_ms": [1000 * min(t), 1000 * max(t)]} for kind, t in times.items()}
-    for kind, r in result.items():
-        print(f"  {kind:<9} cold cat 4 KiB {r['median_ms']:6.1f} ms "
-              f"({r['range_ms'][0]:.1f}-{r['range_ms'][1]:.1f})", flush=True)
-    return result
+    return medians_ms(times, "cold cat 4 KiB")
 
 
 def exp_burst(env: dict, root: Path, repeat: int, peers: list[str], width: int = 16) -> dict:
@@ -212,12 +217,7 @@ def exp_burst(env: dict, root: Path, repeat: int, peers: list[str], width: int =
                 os.stat(mnt / "d")
                 drop_page_cache()
                 times[kind].append(max(concurrently([["cat", str(mnt / f)] for f in files])))
-    result = {kind: {"median_ms": 1000 * statistics.median(t),
-                     "range_ms": [1000 * min(t), 1000 * max(t)]} for kind, t in times.items()}
-    for kind, r in result.items():
-        print(f"  {kind:<15} {width} cold cats at once {r['median_ms']:6.1f} ms "
-              f"({r['range_ms'][0]:.1f}-{r['range_ms'][1]:.1f})", flush=True)
-    return result
+    return medians_ms(times, f"{width} cold cats at once")
 
 
 def main() -> int:

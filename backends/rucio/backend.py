@@ -655,7 +655,7 @@ class RucioBackend(Backend):
         leaves the guess to answer; if both fail, the lookup's error is raised. With nothing
         to guess yet, the lookup goes at once, and a layout another answer teaches while it
         runs (another file's, or another user's) is guessed on then."""
-        guess = await self.speculator.guess(handle.did.scope, handle.did.name)
+        guess = await self.speculator.guess(*handle.did)
         if guess is None and not self.speculator.learns:
             return None
         counters = self.speculator.counters
@@ -664,7 +664,7 @@ class RucioBackend(Backend):
             counters["speculative_waited"] += 1
             with trio.move_on_after(LESSON_WAIT):
                 await under_way.wait()
-            guess = await self.speculator.guess(handle.did.scope, handle.did.name)
+            guess = await self.speculator.guess(*handle.did)
         found: list[bytes | memoryview] = []
         failures: list[RucioFsError] = []
         hedge = trio.CancelScope()
