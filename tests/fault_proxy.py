@@ -14,7 +14,14 @@ a fault is armed for a path, spoils the answer the way real networks and servers
 * ``lost-ok``: forward (the server does the work), then answer 500: a success the client never
   hears of.
 
-A fault may be limited to one HTTP method (``inject(..., method="POST")``).
+A fault may be limited to one HTTP method (``inject(..., method="POST")``). Its ``match`` is
+looked for in the request's path, its body (an iRODS form's ``op=...``) and its headers,
+each written ``name: value`` with the name in lower case (the iRODS HTTP API's write sends
+its op as ``irods-api-request-op: write``).
+
+Every armed fault must fire: a fault with a number of ``times`` must be used up, one armed
+for ever must fire at least once. :func:`fault_proxy` fails the test at its end otherwise (a
+test whose fault never fired tested the happy path under another name).
 
 The Host header is forwarded as the client sent it, so AWS SigV4 signatures stay valid.
 
@@ -29,18 +36,46 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
+KINDS = ("drop", "stall", "corrupt", "error", "short-token", "slowdown", "fake-ok", "lost-ok")
+
+
+@dataclass(eq=False)
+class Fault:
+    """One armed fault: what it does, which requests it spoils, how often it did."""
+
+    kind: str
+    match: str
+    #: Answers still to spoil (-1: every one).
+    left: int
+    #: Only requests of this method ("": any).
+    method: str
+    #: How many answers it spoiled.
+    hits: int = 0
+
+    @property
+    def fired_enough(self) -> bool:
+        """Used up (a fault armed for N answers), or used at all (one armed for ever)."""
+        return self.hits > 0 and self.left <= 0
+
+    def __str__(self) -> str:
+        times = "for ever" if self.left < 0 else f"{self.hits} of {self.hits + self.left} times"
+        return (f"{self.kind} on {self.method or 'any'} {self.match!r}: fired {times}"
+                if self.hits else f"{self.kind} on {self.method or 'any'} {self.match!r}: "
+                "never fired")
 
 
 class FaultProxy:
     def __init__(self, upstream: str) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
-        # [kind, path substring, times left (-1: forever), method ("" for any)]
-        self.faults: list[list] = []
+        #: The armed faults, and those cleared (kept to check that each fired).
+        self.faults: list[Fault] = []
+        self.cleared: list[Fault] = []
         self.requests = 0
         self.lock = threading.Lock()
         proxy = self
@@ -70,51 +105,67 @@ class FaultProxy:
         self.server.shutdown()
         self.server.server_close()
 
-    def inject(self, kind: str, match: str = "", times: int = -1, method: str = "") -> None:
-        """Spoil the next ``times`` answers (all with -1) whose path contains ``match`` (and
-        whose method is ``method``, if given)."""
-        assert kind in ("drop", "stall", "corrupt", "error", "short-token", "slowdown",
-                        "fake-ok", "lost-ok")
+    def inject(self, kind: str, match: str = "", times: int = -1, method: str = "") -> Fault:
+        """Spoil the next ``times`` answers (all with -1) to requests whose path, body or
+        headers contain ``match`` (and whose method is ``method``, if given)."""
+        assert kind in KINDS, kind
+        assert times != 0, "a fault armed for no answer cannot fire"
+        fault = Fault(kind, match, times, method)
         with self.lock:
-            self.faults.append([kind, match, times, method])
+            self.faults.append(fault)
+        return fault
 
     def clear(self) -> None:
+        """Disarm every fault (they still count for :meth:`unfired`)."""
         with self.lock:
+            self.cleared.extend(self.faults)
             self.faults.clear()
 
-    def _peek_fault(self, method: str, path: str, body: bytes = b"") -> str | None:
+    def unfired(self) -> list[Fault]:
+        """Faults armed in this proxy's life that did not fire as often as armed."""
         with self.lock:
-            return next((kind for kind, match, left, only in self.faults
-                         if _matches(match, path, body) and left != 0
-                         and only in ("", method)), None)
+            return [f for f in self.cleared + self.faults if not f.fired_enough]
 
-    def _take_fault(self, method: str, path: str, body: bytes = b"") -> str | None:
+    def _find(self, method: str, path: str, body: bytes, headers: str) -> Fault | None:
+        return next((fault for fault in self.faults
+                     if fault.left != 0 and fault.method in ("", method)
+                     and _matches(fault.match, path, body, headers)), None)
+
+    def _peek_fault(self, method: str, path: str, body: bytes, headers: str) -> str | None:
+        with self.lock:
+            fault = self._find(method, path, body, headers)
+            return fault.kind if fault is not None else None
+
+    def _take_fault(self, method: str, path: str, body: bytes, headers: str) -> str | None:
         with self.lock:
             self.requests += 1
-            for fault in self.faults:
-                kind, match, left, only = fault
-                if _matches(match, path, body) and left != 0 and only in ("", method):
-                    fault[2] = left - 1 if left > 0 else left
-                    return kind
-        return None
+            fault = self._find(method, path, body, headers)
+            if fault is None:
+                return None
+            fault.hits += 1
+            if fault.left > 0:
+                fault.left -= 1
+            return fault.kind
 
     def forward(self, handler: BaseHTTPRequestHandler) -> None:
         length = int(handler.headers.get("Content-Length") or 0)
         body = handler.rfile.read(length) if length else None
         method, path, sent = handler.command, handler.path, body or b""
-        before = self._peek_fault(method, path, sent)
+        said = "\n".join(f"{k.lower()}: {v}" for k, v in handler.headers.items())
+        request = (method, path, sent, said)
+        before = self._peek_fault(*request)
         if before == "fake-ok":
-            self._take_fault(method, path, sent)
+            self._take_fault(*request)
             _fake_ok(handler, sent)
             return
         if before == "slowdown":
-            self._take_fault(method, path, sent)
+            self._take_fault(*request)
             _answer(handler, 503, {"Content-Type": "application/xml"},
                     b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
                     b"<Message>Please reduce your request rate.</Message></Error>")
             return
         if before == "error":
-            self._take_fault(method, path, sent)
+            self._take_fault(*request)
             _answer(handler, 500, {"ExceptionClass": "DatabaseException",
                                    "ExceptionMessage": "injected"},
                     b'{"ExceptionClass": "DatabaseException", "ExceptionMessage": "injected"}')
@@ -128,7 +179,7 @@ class FaultProxy:
             status, reply_headers = response.status, response.getheaders()
         finally:
             upstream.close()
-        fault = self._take_fault(method, path, sent) if data or status == 200 else None
+        fault = self._take_fault(*request) if data or status == 200 else None
         assert fault not in ("error", "slowdown", "fake-ok")
         if fault == "lost-ok":
             _answer(handler, 500, {"Content-Type": "application/xml"},
@@ -166,9 +217,10 @@ class FaultProxy:
         handler.wfile.write(data)
 
 
-def _matches(match: str, path: str, body: bytes) -> bool:
-    """A fault's ``match`` is found in the request's path or body (an iRODS form's op)."""
-    return match in path or (bool(match) and match.encode() in body)
+def _matches(match: str, path: str, body: bytes, headers: str) -> bool:
+    """A fault's ``match`` is found in the request's path, body or headers."""
+    return (match in path
+            or (bool(match) and (match.encode() in body or match.lower() in headers)))
 
 
 def _fake_ok(handler: BaseHTTPRequestHandler, body: bytes) -> None:
@@ -201,10 +253,19 @@ def _answer(handler: BaseHTTPRequestHandler, status: int, headers: dict[str, str
         handler.wfile.write(body)
 
 
+class FaultNeverFired(AssertionError):
+    """A test armed a fault that its requests never met."""
+
+
 @contextmanager
 def fault_proxy(upstream: str) -> Iterator[FaultProxy]:
+    """A started :class:`FaultProxy`; at the end (unless the test failed already), every
+    fault armed must have fired as often as armed."""
     proxy = FaultProxy(upstream).start()
     try:
         yield proxy
     finally:
         proxy.stop()
+    unfired = proxy.unfired()
+    if unfired:
+        raise FaultNeverFired("armed faults did not fire: " + "; ".join(map(str, unfired)))

@@ -101,8 +101,9 @@ def test_close_returns_zero_only_for_a_byte_identical_object(mount_fs, s3_server
         proxy.clear()
         # Whatever happened, the data reaches the server on its own once it behaves.
         wait_for(lambda: _stored(s3_server, key) == data, timeout=40, interval=0.5)
+        # On its own: by the retry loop, whose backoff may have grown to 32 s meanwhile.
         wait_for(lambda: "no pending uploads" in run_cli("uploads", str(mnt.path)).stdout,
-                 timeout=20, interval=0.5)
+                 timeout=70, interval=0.5)
 
 
 def test_a_killed_daemon_loses_no_pending_data(mount_fs, s3_server, tmp_path):
@@ -149,9 +150,10 @@ def test_pending_uploads_are_retried_on_their_own(mount_fs, s3_server):
                  interval=0.5)
 
 
-#: iRODS: request -> (match in the form, file size that makes the request happen)
+#: iRODS: request -> (match in the request, file size that makes the request happen). A
+#: write sends its op in a header, the bytes as the body; the others are forms.
 IRODS_REQUESTS = {
-    "write": ("\r\n\r\nwrite\r\n", SMALL),
+    "write": ("irods-api-request-op: write", SMALL),
     "init": ("parallel_write_init", LARGE),
     "shutdown": ("parallel_write_shutdown", LARGE),
 }
@@ -184,8 +186,9 @@ def test_irods_close_returns_zero_only_for_a_byte_identical_object(mount_fs, iro
                      timeout=30, interval=0.2)
         proxy.clear()
         wait_for(lambda: irods_server.read(f"{collection}/f") == data, timeout=40, interval=0.5)
+        # On its own: by the retry loop, whose backoff may have grown to 32 s meanwhile.
         wait_for(lambda: "no pending uploads" in run_cli("uploads", str(mnt.path)).stdout,
-                 timeout=20, interval=0.5)
+                 timeout=70, interval=0.5)
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
