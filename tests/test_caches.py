@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 from conftest import run_cli, wait_for
 
@@ -138,12 +139,27 @@ def test_no_coalescing_makes_one_listing_per_user(mount_fs):
 
 
 def test_listing_ttl_expires(mount_fs):
-    m = mount_fs("demo://", "--listing-ttl", "0.2", "--kernel-ttl", "0.1",
-                   "--metadata-ttl", "0.2")
+    """Within the listing TTL a repeated ``ls -l`` reaches the daemon (the kernel caches
+    nothing here) and is served from its listing cache without a backend listing; past the
+    TTL the next one lists again, and none does before."""
+    ttl = 2.0
+    m = mount_fs("demo://", "--listing-ttl", f"{ttl}s", "--no-kernel-cache")
     d = m.path / "ls" / "files-500"
-    ls_l(d)
-    lists = counters(m)["list"]
-    wait_for(lambda: ls_l(d) and counters(m)["list"] > lists, timeout=5, interval=0.1)
+    start = time.monotonic()
+    assert ls_l(d) == 500
+    lists, readdirs = counters(m)["list"], m.fuse_calls("readdir")
+    assert ls_l(d) == 500
+    assert m.fuse_calls("readdir") > readdirs  # the daemon answered it...
+    assert counters(m)["list"] == lists  # ...from its listing cache
+
+    def listed_again() -> bool:
+        assert ls_l(d) == 500
+        return counters(m)["list"] > lists
+
+    wait_for(listed_again, timeout=ttl + 10, interval=0.1)
+    assert counters(m)["list"] == lists + 1
+    # Not before the TTL: the first listing began after `start` (load only makes it later).
+    assert time.monotonic() - start >= ttl
 
 
 def test_equal_entries_of_two_users_listings_become_one_object_and_only_equal_ones():

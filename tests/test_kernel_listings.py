@@ -29,19 +29,30 @@ def test_a_repeated_ls_is_answered_by_the_kernel(mount_fs):
 
 
 def test_the_listing_ttl_and_cache_drop_are_exact(mount_fs):
-    m = mount_fs("demo://", "--listing-ttl", "1s")
+    """Within the listing TTL a repeated listing is the kernel's copy: the daemon sees the
+    open (it decides to keep the copy) and no readdir. Past the TTL, and after ``cache
+    drop``, the daemon lists again and the kernel reads that new listing."""
+    # The kernel TTL is long: only the listing TTL ends the kernel's copy here.
+    m = mount_fs("demo://", "--listing-ttl", "2s", "--kernel-ttl", "10m")
     path = m.path / "ls" / "files-500"
-    os.listdir(path)
-    os.listdir(path)
-    cached = readdirs(m)
-    time.sleep(1.5)  # the daemon's listing is gone: the kernel's copy is not kept
     assert len(os.listdir(path)) == 500
-    assert readdirs(m) > cached
+    cached, opened, lists = readdirs(m), m.fuse_calls("opendir"), backend_lists(m)
+    assert len(os.listdir(path)) == 500
+    assert readdirs(m) == cached
+    assert m.fuse_calls("opendir") == opened + 1
+    assert backend_lists(m) == lists
+    time.sleep(2.5)  # the daemon's listing is gone: the kernel's copy is not kept
+    assert len(os.listdir(path)) == 500
+    assert readdirs(m) > cached and backend_lists(m) == lists + 1
     os.listdir(path)
     cached = readdirs(m)
     m.drop()
     assert len(os.listdir(path)) == 500
     assert readdirs(m) > cached
+
+
+def backend_lists(m) -> int:
+    return m.stats()["backend_counters"].get("list", 0)
 
 
 def test_changes_through_the_mount_show_in_the_next_listing(mount_fs):

@@ -424,11 +424,13 @@ def test_the_kernels_copy_serves_users_whose_listings_are_the_same(rucio_server,
     env_a = {"RUCIO_CONFIG": str(rucio_cfg(rucio_server, a))}
     env_b = {"RUCIO_CONFIG": str(rucio_cfg(rucio_server, b, username="alice",
                                            password="alicepw", account="alice"))}
-    mnt, _ = per_user_mount("rucio:///bench")
+    # A kernel TTL far longer than the test: the kernel's copy is dropped below on purpose,
+    # never because the `ls` of a loaded machine came late.
+    mnt, _ = per_user_mount("rucio:///bench", "--kernel-ttl", "10m")
     mount = Mount(mnt)
     first = as_user(a, "ls", str(mnt / "ds500"), env=env_a)  # a's catalog has its listing
     as_user(b, "ls", str(mnt / "ds500"), env=env_b)  # b's catalog has its listing too
-    time.sleep(0.6)  # past half the kernel TTL: the next `ls` has the kernel read b's listing
+    mount.drop("kernel")  # the next `ls` has the kernel read b's listing
     readdirs = mount.fuse_calls("readdir")
     as_user(b, "ls", str(mnt / "ds500"), env=env_b)
     assert mount.fuse_calls("readdir") > readdirs

@@ -21,6 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
+from types import SimpleNamespace
 
 import pytest
 import trio
@@ -28,7 +29,9 @@ from conftest import RedisServer, adler32, redis_instance, run_cli, wait_for
 from hypothesis import given
 from hypothesis import strategies as st
 from rucio_fs.backends.demo import DemoBackend
+from trio.testing import MockClock
 
+from rucio_fs import redis_client
 from rucio_fs.backend import Entry, Kind
 from rucio_fs.catalog import Catalog
 from rucio_fs.config import MountConfig
@@ -212,12 +215,14 @@ def test_a_failing_listing_is_not_published(redis):
         with pytest.raises(Exception, match="broken"):
             await listed(first, "/faults/broken-listing")
         assert not [k for k in redis.cli("--scan").split() if "|list|" in k]
+        assert not [k for k in redis.cli("--scan").split() if "|lease|" in k]  # released
         second = catalog(redis.url, DemoBackend(faults=True))
-        start = time.monotonic()
         with pytest.raises(Exception, match="broken"):
             await listed(second, "/faults/broken-listing")
         assert second.backend.requests["list"] == 1
-        assert time.monotonic() - start < 1  # the lease was released, not left to expire
+        counters = shared(second)  # it took the lease at once: no wait for it to expire
+        assert counters["misses"] == 1 and not counters.get("lease_waits")
+        assert not counters.get("takeovers")
     trio.run(main)
 
 
@@ -251,21 +256,28 @@ def silent_server() -> Iterator[int]:
 
 
 @pytest.mark.parametrize("where", ["nothing listening", "never answers"])
-def test_an_unusable_redis_costs_at_most_its_timeout_once(where, silent_server):
+def test_an_unusable_redis_costs_at_most_its_timeout_once(where, silent_server, monkeypatch):
+    """Two listings (3,500 entries) and a stat with Redis unusable: one call fails, within
+    its timeout, and the breaker sends the rest straight to the catalog. The time waited is
+    measured on trio's clock, here a mock one that moves only by jumping to the next
+    deadline once every task waits: it is the time spent waiting, whatever the machine's
+    load. The breaker runs on that clock too, so it stays open for the whole test."""
     port = silent_server if where == "never answers" else _closed_port()
+    monkeypatch.setattr(redis_client, "time", SimpleNamespace(monotonic=trio.current_time))
+    timeout = 0.05
 
     async def main() -> None:
-        cat = catalog(f"redis://127.0.0.1:{port}/0", shared_timeout=0.05)
-        start = time.monotonic()
+        cat = catalog(f"redis://127.0.0.1:{port}/0", shared_timeout=timeout)
+        start = trio.current_time()
         assert await listed(cat) == expected()
         assert (await cat.stat("/README.txt")).size > 0
         assert await listed(cat, "/ls/files-500") == expected("/ls/files-500")
-        elapsed = time.monotonic() - start
+        waited = trio.current_time() - start
         counters = shared(cat)
         assert counters["errors"] == 1  # the first call failed; the breaker spared the rest
         assert counters["bypassed"] >= 2
-        assert elapsed < 0.05 + 0.5  # one timeout, then straight to the catalog
-    trio.run(main)
+        assert waited <= timeout, waited  # one timeout at most, then straight to the catalog
+    trio.run(main, clock=MockClock(autojump_threshold=0.1))
 
 
 def test_a_large_send_to_a_redis_that_keeps_reading_is_not_silence():
@@ -452,12 +464,27 @@ def test_redis_killed_mid_run_then_back(mount_fs, own_redis):
 
 
 def test_cache_drop_shared_forgets_this_mounts_keys(mount_fs, redis):
+    """``cache drop --layer shared`` deletes the keys this mount wrote and nothing else in
+    the Redis it shares: what another mount of the same catalog wrote, another catalog's
+    keys and keys that are not rucio-fs's stay (never a FLUSHDB)."""
     m = mount_fs("demo://", "--shared-cache", redis.url)
-    os.listdir(m.path / "ls/files-500")
-    assert int(redis.cli("DBSIZE")) >= 2
+    same_catalog = mount_fs("demo://", "--shared-cache", redis.url)
+    other_catalog = mount_fs("demo://?faults=1", "--shared-cache", redis.url)
+    redis.cli("SET", "not-rucio-fs", "kept")
+    for mount, listed in ((m, "files-500"), (same_catalog, "files-1000"),
+                          (other_catalog, "files-500")):
+        os.listdir(mount.path / "ls" / listed)
+        wait_for(lambda mount=mount: mount.stats()["cache"]["shared"].get("stores", 0) >= 1)
+    before = set(redis.cli("--scan").split())
+    theirs = {k for k in before if "files-1000" in k or "faults=1" in k}
+    assert any("faults=0|list|/ls/files-1000" in k for k in theirs)
+    assert any("faults=1|list|/ls/files-500" in k for k in theirs)
     result = m.drop("shared")
-    assert result["shared_keys_deleted"] >= 2
-    assert not [k for k in redis.cli("--scan").split() if "|list|" in k]
+    after = set(redis.cli("--scan").split())
+    assert result["shared_keys_deleted"] == len(before - after) >= 2
+    assert not [k for k in after if "faults=0|list|/ls/files-500" in k]
+    assert theirs <= after, theirs - after
+    assert redis.cli("GET", "not-rucio-fs").strip() == "kept"
 
 
 def test_resolved_replicas_are_shared_and_each_mount_reads_the_right_bytes(mount_fs,

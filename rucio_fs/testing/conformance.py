@@ -15,7 +15,8 @@ subclass the classes that apply in a pytest module and give the fixtures they as
         def sample(self):  # files that exist there (a read-only catalog must say which)
             return Sample("/data", {"a.dat": SampleFile(4096, "<md5 hex>")}, subdirs=("sub",))
 
-* :class:`BackendConformance`: URLs, listing with attributes, stat, errors, ranged reads;
+* :class:`BackendConformance`: URLs, listing with attributes, stat, errors, ranged reads,
+  modification times set (read back by a new client) or refused;
   a backend that declares ``WRITE`` must also be tested with :class:`WritableConformance`
   (a test says so), whose default ``sample`` is written by the suite itself.
 * :class:`WritableConformance`: puts, uploads in parts, odd names, and each namespace change;
@@ -239,12 +240,54 @@ class BackendConformance:
             # Where directories are only prefixes of keys (S3), a missing one lists empty.
             with contextlib.suppress(errors.NotFound):
                 assert await listed(backend, missing) == {}
-            with contextlib.suppress(errors.NotADirectory, errors.NotFound):
-                assert await listed(backend, a_file) == {}
             with pytest.raises((errors.NotADirectory, errors.NotFound)):
                 await backend.stat(a_file + "/below")
 
         run_with(url, check)
+
+    def test_a_file_is_never_listed_as_a_directory(self, url: str, sample: Sample) -> None:
+        """Listing a file's path is NotADirectory (or NotFound), never a listing: an empty
+        one would show the file as an empty directory."""
+        a_file = child(sample.directory, next(iter(sample.files)))
+
+        async def check(backend: Backend) -> None:
+            assert (await backend.stat(a_file)).kind is Kind.FILE
+            try:
+                entries = await listed(backend, a_file)
+            except (errors.NotADirectory, errors.NotFound):
+                return
+            raise AssertionError(f"{a_file} is a file, yet it was listed as a directory of "
+                                 f"{len(entries)} entries")
+
+        run_with(url, check)
+
+    def test_times_are_set_or_refused(self, url: str, sample: Sample) -> None:
+        """A modification time set is the time the server gives a new client (its stat and
+        its listing); a backend whose catalog cannot store it refuses with NotPermitted and
+        the server keeps the time it had."""
+        name = next((n for n, f in sample.files.items() if f.size), next(iter(sample.files)))
+        path = child(sample.directory, name)
+        wanted = 1_000_000_000 * 10**9  # whole seconds: every catalog can hold it exactly
+
+        async def set_time(backend: Backend) -> tuple[Entry, Entry | None]:
+            before = await backend.stat(path)
+            try:
+                return before, await backend.set_mtime(path, before, wanted, now=False)
+            except errors.RucioFsError as exc:
+                assert isinstance(exc, errors.NotPermitted), (
+                    f"a time that cannot be stored is refused with NotPermitted, not {exc!r}")
+                return before, None
+
+        async def read_back(backend: Backend) -> tuple[Entry, Entry]:
+            return await backend.stat(path), (await listed(backend, sample.directory))[name]
+
+        before, after = run_with(url, set_time)
+        stat, in_listing = run_with(url, read_back)  # a new backend: the server's answer
+        expected = before.mtime_ns if after is None else wanted
+        if after is not None:
+            assert after.mtime_ns == wanted, "set_mtime returned another time than it set"
+        assert stat.mtime_ns == expected, (stat.mtime_ns, expected)
+        assert in_listing.mtime_ns == expected, (in_listing.mtime_ns, expected)
 
     def test_reads_at_any_offset_give_the_files_bytes(self, url: str, sample: Sample) -> None:
         names = sorted(sample.files, key=lambda n: -sample.files[n].size)[:4]
@@ -471,19 +514,6 @@ class WritableConformance(BackendConformance):
             assert xattr_name not in await backend.xattrs(path, await backend.stat(path))
             with pytest.raises(errors.NotSupported):
                 await backend.set_xattr(path, entry, "no-such-namespace.key", b"1")
-
-        run_with(url, check)
-
-    def test_times_are_set_or_refused(self, url: str, sample: Sample) -> None:
-        path = child(sample.directory, "small.dat")
-
-        async def check(backend: Backend) -> None:
-            entry = await backend.stat(path)
-            try:
-                after = await backend.set_mtime(path, entry, 1_000_000_000 * 10**9, now=False)
-            except errors.NotPermitted:
-                return  # the catalog keeps only its own times: a documented refusal
-            assert after.mtime_ns == 1_000_000_000 * 10**9
 
         run_with(url, check)
 
