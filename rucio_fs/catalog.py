@@ -17,13 +17,15 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from .accounting import BackendCalls
 from .backend import Backend, Capability, Entry, FsUsage, Kind, Upload, content_version
+from .background import start_guarded
 from .caches import CacheLayer, EqualEntries, Listing, ttl_cache
 from .config import MountConfig
 from .datapath import DataPath
@@ -93,6 +95,28 @@ class _NoOverlay:
         return False
 
 
+@dataclass(eq=False, slots=True)
+class _Fill:
+    """A listing being fetched from the backend, and what this mount did meanwhile in its
+    directory: those changes win over the backend's entries, whenever it listed them."""
+
+    #: The listing readers already hold, patched in place as changes come (None: none is
+    #: handed out before it completes, or the shared tier publishes what the backend sent).
+    listing: Listing | None
+    #: name -> its entry now (None: gone), for each name changed here meanwhile.
+    changes: dict[str, Entry | None] = field(default_factory=dict)
+    #: Whether the directory's listing was forgotten meanwhile: this one is not cached.
+    forgotten: bool = False
+
+
+def _apply(listing: Listing, name: str, entry: Entry | None) -> None:
+    """``name`` in ``listing`` now is ``entry`` (None: gone)."""
+    if entry is None:
+        listing.remove(name)
+    else:
+        listing.upsert(entry)
+
+
 def child_path(parent: str, name: str) -> str:
     return "/" + name if parent == "/" else f"{parent}/{name}"
 
@@ -144,6 +168,8 @@ class Catalog:
         self.makes_names = False
         #: Listings being fetched, shared by everyone who opens the directory meanwhile.
         self._filling: dict[str, Listing] = {}
+        #: Every listing being fetched, by directory (see :class:`_Fill`).
+        self._fills: dict[str, list[_Fill]] = {}
         #: Until when (monotonic) names count as being made on this mount (a lookup lately
         #: found nothing on the server): meanwhile an uncached lookup lists its directory.
         self._making_names_until = 0.0
@@ -235,7 +261,8 @@ class Catalog:
             if self.nursery is None:
                 await self._fill(path, listing)
             else:
-                self.nursery.start_soon(self._fill, path, listing)
+                start_guarded(self.nursery, self.stats.events, f"listing {path}",
+                              self._fill, path, listing)
         await listing.wait_beyond(0)
         if not listing.entries and listing.error is not None:
             raise listing.error
@@ -249,23 +276,51 @@ class Catalog:
         entries: list[Entry] = []
 
         async def fetch() -> bool:
-            async with contextlib.aclosing(self.backend.list(path)) as listed:
-                async for entry in listed:
-                    entries.append(entry)
-                    if len(entries) > LOOKUP_LISTING_MAX:
-                        return False
+            with self._unless_made_here(path):
+                async with contextlib.aclosing(self.backend.list(path)) as listed:
+                    async for entry in listed:
+                        entries.append(entry)
+                        if len(entries) > LOOKUP_LISTING_MAX:
+                            return False
             return True
 
-        try:
-            small = await self.calls.timed("list", fetch)
-        except RucioFsError:
-            small = False
-        if not small:
-            self._unlistable[path] = True
-            return None
-        listing = Listing(entries)
-        self._finish_listing(path, listing)
+        with self._fetching(path, None) as fill:
+            try:
+                small = await self.calls.timed("list", fetch)
+            except RucioFsError:
+                small = False
+            if not small:
+                self._unlistable[path] = True
+                return None
+            listing = Listing(entries)
+            self._finish_listing(path, listing, fill)
         return listing
+
+    @contextlib.contextmanager
+    def _unless_made_here(self, path: str) -> Iterator[None]:
+        """A directory this mount made and the server does not hold yet (its ``mkdir`` is
+        queued, or was tried and failed) lists as what the server holds below it: nothing,
+        not NotFound."""
+        try:
+            yield
+        except NotFound:
+            made = self.overlay.entry(path)
+            if made is None or not made.is_dir:
+                raise
+
+    @contextlib.contextmanager
+    def _fetching(self, path: str, listing: Listing | None) -> Iterator[_Fill]:
+        """While the listing of ``path`` is fetched: what this mount changes in ``path``
+        meanwhile is collected for it (see :meth:`note_entry`)."""
+        fill = _Fill(listing)
+        fills = self._fills.setdefault(path, [])
+        fills.append(fill)
+        try:
+            yield fill
+        finally:
+            fills.remove(fill)
+            if not fills:
+                del self._fills[path]
 
     async def _share_entry(self, path: str, entry: Entry) -> None:
         """Tell the shared tier what ``stat`` found, in the background."""
@@ -275,19 +330,26 @@ class Catalog:
 
     async def _background(self, fn: Any, *args: Any) -> None:
         if self.nursery is not None:
-            self.nursery.start_soon(fn, *args)
+            start_guarded(self.nursery, self.stats.events, getattr(fn, "__name__", "a task"),
+                          fn, *args)
         else:
             await fn(*args)
 
     async def _fill(self, path: str, listing: Listing) -> None:
         """Fetch the listing of ``path`` into ``listing`` (through the shared tier, if any);
         cache it once complete."""
+        with self._fetching(path, listing if self.shared is None else None) as fill:
+            await self._fill_from(path, listing, fill)
 
+    async def _fill_from(self, path: str, listing: Listing, fill: _Fill) -> None:
         async def from_backend(sink: Sink) -> None:
             async def fetch() -> None:
                 equal = self.equal_entries
-                async for entry in self.backend.list(path):
-                    sink(entry if equal is None else equal(path, entry))
+                with self._unless_made_here(path):
+                    async for entry in self.backend.list(path):
+                        if fill.listing is not None and entry.name in fill.changes:
+                            continue  # changed here meanwhile: the listing has it already
+                        sink(entry if equal is None else equal(path, entry))
 
             await self.calls.timed("list", fetch)
 
@@ -310,10 +372,14 @@ class Catalog:
         finally:
             if self._filling.get(path) is listing:
                 del self._filling[path]
-        self._finish_listing(path, listing)
+        self._finish_listing(path, listing, fill)
 
-    def _finish_listing(self, path: str, listing: Listing) -> None:
-        """What this mount changed laid over a listing the backend gave; then cached."""
+    def _finish_listing(self, path: str, listing: Listing, fill: _Fill) -> None:
+        """What this mount changed laid over a listing the backend gave (what it changed
+        while the listing was fetched, then the overlay); then cached, unless the listing of
+        ``path`` was forgotten meanwhile."""
+        for name, entry in fill.changes.items():
+            _apply(listing, name, entry)
         for name in self.overlay.hidden_children(path):
             listing.remove(name)
         for entry in self.overlay.children(path):
@@ -324,7 +390,8 @@ class Catalog:
                         path, listing.rejected)
         self.stats.events["listed_entries"] += len(listing)
         listing.finish()
-        self.listing.put(path, listing)
+        if not fill.forgotten:
+            self.listing.put(path, listing)
 
     async def open(self, path: str, entry: Entry) -> Any:
         if entry.is_dir:
@@ -415,7 +482,7 @@ class Catalog:
 
     async def rmdir(self, path: str) -> None:
         await self.calls.timed("rmdir", lambda: self.backend.rmdir(path))
-        self.listing.discard(path)  # it was empty: nothing below to forget
+        self.forget_listing(path)  # it was empty: nothing below to forget
         self.note_entry(path, None)
 
     async def rename(self, old: str, new: str, entry: Entry) -> Entry:
@@ -468,35 +535,52 @@ class Catalog:
 
     def note_entry(self, path: str, entry: Entry | None) -> None:
         """``path`` now is ``entry`` (None: gone) after a change made through this mount: the
-        metadata layer and the parent's cached listing learn it without asking the backend."""
+        metadata layer and the parent's listing, cached or being fetched, learn it without
+        asking the backend."""
         parent, name = split_path(path)
         listing = self.listing.peek(parent)
+        for fill in self._fills.get(parent, ()):
+            fill.changes[name] = entry
+            if fill.listing is not None and fill.listing is not listing:
+                _apply(fill.listing, name, entry)
         self.xattr_cache.discard(path)
         self._unshare(path, parent)
-        if entry is None:
-            self.metadata.put(path, _MISSING)
-            if listing is not None:
-                listing.remove(name)
-        else:
-            self.metadata.put(path, entry)
-            if listing is not None:
-                listing.upsert(entry)
+        self.metadata.put(path, _MISSING if entry is None else entry)
+        if listing is not None:
+            _apply(listing, name, entry)
 
     def _unshare(self, *paths: str) -> None:
         """Other mounts must ask the backend, not the shared tier, for ``paths`` (stats and
         listings) after a change made here (told in the daemon's background)."""
         if self.shared is not None and self.nursery is not None:
-            self.nursery.start_soon(functools.partial(self.shared.forget, *paths,
-                                                      listings=paths))
+            start_guarded(self.nursery, self.stats.events, "telling the shared tier",
+                          functools.partial(self.shared.forget, *paths, listings=paths))
 
     def new_directory(self, path: str, entry: Entry) -> None:
         self.note_entry(path, entry)
         self.listing.put(path, Listing([]))
 
+    def forget_listing(self, path: str) -> None:
+        """Forget the listing of directory ``path``, cached or being fetched."""
+        self.listing.discard(path)
+        self._forget_fills(lambda directory: directory == path)
+
+    def _forget_fills(self, forgets: Callable[[str], bool]) -> None:
+        """Listings being fetched of the directories ``forgets`` selects are neither handed
+        to new readers nor cached when they complete."""
+        for directory in [d for d in self._filling if forgets(d)]:
+            del self._filling[directory]
+        for directory, fills in self._fills.items():
+            if forgets(directory):
+                for fill in fills:
+                    fill.forgotten = True
+
     def forget_tree(self, path: str) -> None:
-        """Forget cached metadata and listings of ``path`` and everything below it."""
+        """Forget cached metadata and listings of ``path`` and everything below it (listings
+        being fetched there are not cached when they complete)."""
         below = path.rstrip("/") + "/"
         self._unshare(path)
+        self._forget_fills(lambda directory: directory == path or directory.startswith(below))
         for layer in (self.metadata, self.listing):
             for key in layer.cached_keys():
                 if key == path or key.startswith(below):

@@ -19,6 +19,7 @@ import trio
 
 from .accounting import BackendCalls
 from .backend import Entry, content_version
+from .background import survive
 from .budget import Shares
 from .caches import CacheLayer, byte_cache
 from .config import MountConfig
@@ -187,7 +188,8 @@ class DataPath:
     async def run_disk_writer(self) -> None:
         """Write queued blocks to the disk layer (a task of the daemon's nursery)."""
         async for key, block in self._disk_recv:
-            await self.disk.put(key, block)  # type: ignore[union-attr]
+            with survive(self.stats.events, "storing a block in the disk layer"):
+                await self.disk.put(key, block)  # type: ignore[union-attr]
 
     async def flush_disk_writes(self) -> None:
         """Write what is still queued (at unmount: nothing fetched is lost to the layer)."""

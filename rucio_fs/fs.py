@@ -33,6 +33,7 @@ from .backend import (
     content_version,
     same_attributes,
 )
+from .background import start_guarded
 from .budget import Shares
 from .caches import Listing
 from .catalog import Catalog, child_path
@@ -148,6 +149,12 @@ class _FileHandle:
     writer: bool = False
     #: The catalog that opened it (per-user mounts: its caller's).
     catalog: Catalog | None = None
+
+
+def _removed(node: Inode) -> bool:
+    """Whether ``node``'s name was removed (or replaced) through the mount while the kernel
+    still holds the inode (an open file): its path names no longer this file."""
+    return node.parent == 0 and node.ino != ROOT_INO
 
 
 def _invalidate_entry(parent_ino: int, name: str) -> None:
@@ -318,13 +325,15 @@ class RucioFs(pyfuse3.Operations):
 
     async def _revalidate(self, inode: Inode) -> Entry:
         """The inode's current entry: its own if fresh, else through the catalog's layers
-        (a file with pending content: its local attributes)."""
-        dirty = self._dirty(inode.path)
+        (a file with pending content: its local attributes; a removed file: what it was)."""
+        dirty = self._dirty_of(inode)
         if dirty is not None:
             entry = dirty.entry()
             if entry.version != inode.entry.version:
                 inode.entry, inode.attrs = entry, None
             return inode.entry
+        if _removed(inode):
+            return inode.entry  # its path may name another file now
         now = time.monotonic()
         if not self._fresh(inode, now):
             entry = await self.catalog.stat(inode.path)
@@ -489,9 +498,11 @@ class RucioFs(pyfuse3.Operations):
         node = self._inode(inode)
         if flags & os.O_ACCMODE != os.O_RDONLY:
             return await self._open_for_writing(node, flags)
-        dirty = self._dirty(node.path)
+        dirty = self._dirty_of(node)
         if dirty is not None:
             return self._dirty_handle(node, dirty, writer=False)
+        if _removed(node):
+            raise NotFound(f"{node.path}: removed")
         entry = await self._revalidate(node)
         backend_handle = await self.catalog.open(node.path, entry)
         version = content_version(entry)
@@ -540,24 +551,35 @@ class RucioFs(pyfuse3.Operations):
         """Make the kernel drop its cached pages of ``node`` (in the background: invalidating
         may wait for a read this loop has to answer)."""
         if self.nursery is not None and self.config.kernel:
-            self.nursery.start_soon(trio.to_thread.run_sync, _invalidate_inode, node.ino)
+            start_guarded(self.nursery, self.stats.events, "invalidating pages",
+                          trio.to_thread.run_sync, _invalidate_inode, node.ino)
 
     @fuse_op
     async def release(self, fh: int) -> None:
         handle = self._files.pop(fh)
+        try:
+            await self._close_reading(handle)
+        finally:  # whatever failed above, this writer is gone
+            if handle.writer and handle.dirty is not None:
+                await self._release_writer(handle)
+
+    async def _close_reading(self, handle: _FileHandle) -> None:
+        """What a handle holds for reading: its stream, verifier and backend handle."""
         if handle.stream is not None:
             await handle.stream.close()
-        node = handle.inode
         if handle.verifier is not None:
-            await self.verification.leave(node, handle.verifier)
+            await self.verification.leave(handle.inode, handle.verifier)
         if handle.backend_handle is not None or handle.dirty is None:
             await self.catalog.close(handle.backend_handle)
-        if handle.writer and handle.dirty is not None:
-            dirty = handle.dirty
-            await dirty.wb.release(dirty)  # the write-back the file is pending in
-            if self._dirty(dirty.path) is not dirty and dirty.base is not None:
-                node = handle.inode
-                node.entry, node.attrs, node.fetched_at = dirty.base, None, time.monotonic()
+
+    async def _release_writer(self, handle: _FileHandle) -> None:
+        """The handle's writer is gone: its file is uploaded (sync) or left queued."""
+        dirty = handle.dirty
+        assert dirty is not None
+        await dirty.wb.release(dirty)  # the write-back the file is pending in
+        if self._dirty(dirty.path) is not dirty and dirty.base is not None:
+            node = handle.inode
+            node.entry, node.attrs, node.fetched_at = dirty.base, None, time.monotonic()
 
     @fuse_op
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
@@ -578,6 +600,14 @@ class RucioFs(pyfuse3.Operations):
             return None
         writes = self.writes
         return writes.files.get(path) if writes is not None else None
+
+    def _dirty_of(self, node: Inode) -> DirtyFile | None:
+        """The pending content of the file ``node`` is: by its path, unless it was removed
+        (its path may name another file now), then the content its open handles write."""
+        if not _removed(node):
+            return self._dirty(node.path)
+        return next((h.dirty for h in self._files.values()
+                     if h.inode is node and h.dirty is not None), None)
 
     def _writeback(self) -> WriteBack:
         if self.writes is None:
@@ -601,6 +631,8 @@ class RucioFs(pyfuse3.Operations):
 
     async def _open_for_writing(self, node: Inode, flags: int) -> pyfuse3.FileInfo:
         writes = self._writeback()
+        if _removed(node):
+            raise NotFound(f"{node.path}: removed")
         entry = await self._revalidate(node)
         if entry.is_dir:
             raise IsADirectory(node.path)
@@ -656,10 +688,14 @@ class RucioFs(pyfuse3.Operations):
             if existing.is_dir:
                 raise IsADirectory(path)
         dirty = writes.open(path, existing)
-        if existing is None:
-            self.catalog.note_entry(path, dirty.entry())
-        elif flags & os.O_TRUNC:
-            await dirty.truncate(0)
+        try:
+            if existing is None:
+                self.catalog.note_entry(path, dirty.entry())
+            elif flags & os.O_TRUNC:
+                await dirty.truncate(0)
+        except BaseException:
+            await writes.release(dirty)  # no handle holds it: this writer is gone
+            raise
         node = self.inodes.lookup(parent, text, dirty.entry(), time.monotonic())
         node.cached_version = INVALID
         return self._dirty_handle(node, dirty, writer=True), self._attrs(node)
@@ -677,12 +713,10 @@ class RucioFs(pyfuse3.Operations):
     async def flush(self, fh: int) -> None:
         handle = self._files.get(fh)
         if handle is not None and handle.writer and handle.dirty is not None:
-            dirty = handle.dirty
-            if dirty.base is None and dirty.size == 0:
-                # A new, still empty file: the shell closes a dup of it before writing
-                # (`echo x > f`); its upload waits for the release.
-                return
-            await self._writeback().close(dirty)
+            # Also a new, still empty file: `touch f` returns once it is stored. (`echo x > f`
+            # closes a dup of the new file before writing: the empty object goes first, then
+            # the written one, as with any file closed twice.)
+            await self._writeback().close(handle.dirty)
 
     @fuse_op
     async def fsync(self, fh: int, datasync: bool) -> None:
@@ -755,10 +789,12 @@ class RucioFs(pyfuse3.Operations):
         if entry.is_dir:
             raise IsADirectory(node.path)
         writes = self._writeback()
-        dirty = self._dirty(node.path)
+        dirty = self._dirty_of(node)
         if dirty is not None:
             await dirty.truncate(size)
             return
+        if _removed(node):
+            raise NotFound(f"{node.path}: removed")
         if entry.size == size:
             return
         if self.catalog.can(Capability.TRUNCATE):
@@ -781,7 +817,9 @@ class RucioFs(pyfuse3.Operations):
             mtime, is_now = attr.st_atime_ns, abs(attr.st_atime_ns - now_ns) < NOW_SLACK_NS
             if is_now:
                 return
-        dirty = self._dirty(node.path)
+        dirty = self._dirty_of(node)
+        if dirty is None and _removed(node):
+            raise NotFound(f"{node.path}: removed")
         if dirty is not None or node.entry.is_dir or not fields.update_mtime:
             # Pending content gets the upload's time; directories have no stored time.
             if not is_now:
@@ -811,6 +849,7 @@ class RucioFs(pyfuse3.Operations):
             else:
                 raise AlreadyExists(path)
             entry = Entry(name=text, kind=Kind.DIR, mtime_ns=time.time_ns())
+            await writes.queue.room()
             writes.queue_mkdir(path, entry)
         else:
             entry = await self.catalog.mkdir(path)
@@ -824,6 +863,8 @@ class RucioFs(pyfuse3.Operations):
         if entry.is_dir:
             raise IsADirectory(path)
         writes = self._writeback()
+        if writes.asynchronous:
+            await writes.queue.room()
         dirty = await writes.unlinked(path)
         on_server = dirty is None or dirty.base is not None
         if writes.asynchronous and on_server:
@@ -853,6 +894,7 @@ class RucioFs(pyfuse3.Operations):
                 empty = not len(listing)
             if not empty:
                 raise NotEmpty(path)
+            await writes.queue.room()
             writes.queue_removal("rmdir", path)
         else:
             await self.catalog.rmdir(path)
@@ -945,6 +987,8 @@ class RucioFs(pyfuse3.Operations):
         if not key.startswith("user."):
             raise NotSupported(f"only user.* extended attributes can be set, not {key}")
         node = self._inode(inode)
+        if _removed(node):
+            raise NotFound(f"{node.path}: removed")
         dirty = self._dirty(node.path)
         await self._settled(node.path)
         entry = (await self._writeback().commit_now(dirty) or dirty.base

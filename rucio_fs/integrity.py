@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .background import start_guarded
 from .errors import IntegrityError
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ class Verification:
             if verifier is None:
                 return None
             node.verifier = verifier
-            nursery.start_soon(verifier.run)
+            start_guarded(nursery, self.events, f"verifying {node.path}", verifier.run)
         verifier.users += 1
         return verifier
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from .backend import Entry, content_version
+from .background import start_guarded
 from .errors import RucioFsError
 
 if TYPE_CHECKING:
@@ -89,7 +90,8 @@ class Prefetcher:
         self._in_flight += 1
         if self._idle.is_set():
             self._idle = trio.Event()
-        self.nursery.start_soon(self._fetch, run[0], len(run), from_disk)
+        start_guarded(self.nursery, self.data_path.stats.events,
+                      f"read-ahead of {self.path}", self._fetch, run[0], len(run), from_disk)
 
     async def _fetch(self, first: int, count: int, from_disk: bool) -> None:
         try:

@@ -51,6 +51,7 @@ import trio
 from . import journal as journals
 from .arena import SLOT_BYTES, Arena, read_slot
 from .backend import Entry, Kind, Upload
+from .background import start_guarded, survive
 from .budget import ByteBudget, Shares
 from .catalog import split_path
 from .errors import RucioFsError, Unavailable
@@ -187,8 +188,8 @@ class DirtyFile:
         """Free what no writer needs while the upload is queued: close the staging file (a
         queue of thousands of files holds no descriptors), give back a slot whose content
         the journal holds."""
-        if self.writers:
-            return
+        if self.writers or self._in_flight:
+            return  # parts on their way read the staging file through this descriptor
         if self.fd >= 0:
             os.close(self.fd)
             self.fd, self.parked = -1, True
@@ -279,8 +280,8 @@ class DirtyFile:
         (before the data it accounts for); ``again``: also when it is journaled already (the
         path changed, or the content is about to: the new record supersedes the old one);
         ``inline``: the record carries this content (see :attr:`inline`)."""
-        if (self.stage_n is not None and not again) or not self.is_open:
-            return
+        if (self.stage_n is not None and not again) or not self.is_open or self.unlinked:
+            return  # (a removed file's content is never to be uploaded, nor adopted)
         base = self.base
         old, self.stage_n = self.stage_n, self.wb.journal.append({
             "op": "stage", "path": self.path, **self._location(inline is not None),
@@ -296,7 +297,9 @@ class DirtyFile:
         """Before the content changes (up to ``end``): content copied into the journal by an
         async close, or growing past its slot, moves to a staging file (synced first when it
         takes over as the durable copy of what the journal holds inline: a write after an
-        async close, rare)."""
+        async close, rare). A staging file parked while its upload waits is opened again:
+        a change may come by path (``truncate``) with no descriptor open."""
+        self.unpark()
         if self.in_journal or (self.slot is not None and (self.inline or end > SLOT_BYTES)):
             self._to_staging_file(sync=self.inline)
         elif self.inline:
@@ -400,7 +403,15 @@ class DirtyFile:
                          self.path, exc)
         await self.stop_streaming("")
         if self.size <= catalog.single_put_max:
-            return await catalog.put(self.path, await self._read_content(0, self.size))
+            # Bytes held only while this one request is on its way: a commit never holds
+            # any while it waits for parts (each part takes its own), or a commit waiting
+            # for its last part would wait for itself.
+            size = self.size
+            await self.wb.part_bytes.acquire(size)
+            try:
+                return await catalog.put(self.path, await self._read_content(0, size))
+            finally:
+                self.wb.part_bytes.release(size)
         return await self._finish_parts()
 
     async def _read_content(self, offset: int, size: int) -> bytes:
@@ -630,7 +641,8 @@ class WriteBack:
 
     def spawn(self, fn, *args) -> None:  # type: ignore[no-untyped-def]
         assert self.nursery is not None, "WriteBack.nursery is not set"
-        self.nursery.start_soon(fn, *args)
+        start_guarded(self.nursery, self.catalog.stats.events, f"{fn.__name__} of a write",
+                      fn, *args)
 
     def new_staging_file(self) -> tuple[str, int]:
         """A new, empty staging file, locked by this daemon: (path, fd)."""
@@ -670,7 +682,9 @@ class WriteBack:
             elif record.get("op") in ("mkdir", "unlink", "rmdir"):
                 entry = (Entry(name=record["path"].rpartition("/")[2], kind=Kind.DIR)
                          if record["op"] == "mkdir" else None)
-                self._queue_change(record["op"], record["path"], entry)
+                # The dead daemon may have sent it: the server may hold the directory, and
+                # names below it that others put there.
+                self._queue_change(record["op"], record["path"], entry).maybe_sent = True
         self.journal.sync()  # taken over: only now may the old records go
         journals.remove_journals(old)
         for path, fd in arenas.items():  # their content is in this mount's journal now
@@ -789,7 +803,9 @@ class WriteBack:
             if not self.pending():
                 delay = RETRY_FIRST
                 continue
-            failed = await self.retry()
+            failed: list[tuple[str, str]] = [("", "the retry pass failed")]
+            with survive(self.catalog.stats.events, "retrying pending uploads"):
+                failed = await self.retry()
             if failed:
                 delay = min(delay * 2, RETRY_MAX)
                 log.info("%d pending upload(s) failed again; next try in %.0f s",
@@ -801,9 +817,14 @@ class WriteBack:
         """The dirty file of ``path`` (new if none), with one more writer."""
         dirty = self.files.get(path)
         if dirty is None:
-            dirty = self.files[path] = DirtyFile(self, path, base)
-            if base is None:  # a new name the server does not have yet
-                dirty.record()
+            dirty = DirtyFile(self, path, base)
+            try:
+                if base is None:  # a new name the server does not have yet
+                    dirty.record()
+            except BaseException:  # a journal that cannot grow: nothing of it stays
+                dirty.close_staging(keep=False)
+                raise
+            self.files[path] = dirty
         dirty.unpark()
         dirty.writers += 1
         return dirty
@@ -826,7 +847,14 @@ class WriteBack:
         upload unless it is queued already (async write-back)."""
         if not dirty.dirty or dirty.unlinked or dirty.staged == dirty.generation:
             return
+        if dirty.op is None:
+            await self.queue.room()  # a full queue refuses the close, not the disk
+            if not dirty.dirty or dirty.unlinked:
+                return
         dirty.unpark()
+        # What is made durable is the content as of now: a write landing during the sync
+        # below is of a later generation, which the next close must sync again.
+        generation = dirty.generation
         if dirty.materialized and dirty.size <= INLINE_MAX:
             # The content goes into the journal with its record: one fdatasync, of a
             # preallocated file (no file-system journal commit), instead of two.
@@ -837,7 +865,7 @@ class WriteBack:
             dirty.record()
             await trio.to_thread.run_sync(_sync_both, dirty.fd, self.journal.fd)
             self.journal.syncs += 1
-        dirty.staged = dirty.generation
+        dirty.staged = generation
         if dirty.op is None:
             self._queue_put(dirty)
 
@@ -853,12 +881,7 @@ class WriteBack:
             return
         dirty = op.dirty
         assert dirty is not None
-        size = min(dirty.size, self.catalog.single_put_max)
-        await self.part_bytes.acquire(size)  # bounds the memory of uploads in flight
-        try:
-            await dirty.commit()
-        finally:
-            self.part_bytes.release(size)
+        await dirty.commit()
 
     def op_done(self, op: Op, dropped: RucioFsError | None) -> None:
         """The queue carried ``op`` out (or ``dropped`` it): the journal and the overlay
@@ -885,7 +908,7 @@ class WriteBack:
                 del self.shadow[parent or "/"]
         if dropped is not None:  # the server keeps what it has: ask it again
             self.catalog.forget_tree(op.path)
-            self.catalog.listing.discard(parent or "/")
+            self.catalog.forget_listing(parent or "/")
 
     # -- namespace changes (async write-back) ----------------------------------------------
 
@@ -894,30 +917,35 @@ class WriteBack:
         self.catalog.new_directory(path, entry)
 
     def never_sent(self, directory: str) -> bool | None:
-        """For a directory whose queued ``mkdir`` was never tried (so the server holds nothing
-        below it from here, and nobody else could name it yet): whether it is empty. None
-        when the server must be asked."""
+        """For a directory whose queued ``mkdir`` was never sent (:meth:`holds_all_of`: the
+        server holds nothing below it, and nobody else could name it yet): whether it is
+        empty. None when the server must be asked."""
         if not self.holds_all_of(directory):
             return None
         return not self.children(directory)
 
     def holds_all_of(self, directory: str) -> bool:
+        """Whether ``directory``'s queued mkdir was never sent, by this daemon (never tried)
+        nor by one before it (not replayed from a journal)."""
         made = self._mkdirs.get(directory)
-        return made is not None and not (made.attempts or made.running or made.done)
+        return made is not None and not (made.attempts or made.running or made.done
+                                         or made.maybe_sent)
 
     def queue_removal(self, kind: str, path: str) -> None:
+        """Queue the removal of ``path``; an rmdir of a directory whose mkdir was never sent
+        cancels that instead (one that may have been sent is removed on the server too)."""
         made = self._mkdirs.get(path) if kind == "rmdir" else None
-        if made is not None and self.queue.cancel(made):
+        if made is not None and self.holds_all_of(path) and self.queue.cancel(made):
             # Made and removed before the server saw either: neither goes there.
             self.journal.done(made.n, carried_out=False)
             self.op_done(made, None)
         else:
             self._queue_change(kind, path, None)
         if kind == "rmdir":
-            self.catalog.listing.discard(path)
+            self.catalog.forget_listing(path)
         self.catalog.note_entry(path, None)
 
-    def _queue_change(self, kind: str, path: str, entry: Entry | None) -> None:
+    def _queue_change(self, kind: str, path: str, entry: Entry | None) -> Op:
         n = self.journal.append({"op": kind, "path": path})
         parent, _, name = path.rpartition("/")
         self.shadow.setdefault(parent or "/", {})[name] = (n, entry)
@@ -925,6 +953,7 @@ class WriteBack:
         if kind == "mkdir":
             self._mkdirs[path] = op
         self.queue.add(op)
+        return op
 
     async def settle(self, *paths: str) -> None:
         """Until every queued op on a path overlapping ``paths`` is carried out (raises the
@@ -975,7 +1004,17 @@ class WriteBack:
         dirty.close_staging(keep=False)
 
     async def unlinked(self, path: str) -> DirtyFile | None:
-        """``path`` was removed: its pending content must never be uploaded."""
+        """``path`` is being removed: its pending content must never be uploaded. A file
+        still open for writing keeps its content (as a local file's descriptor does): what
+        is still only on the server is copied into its staging file first."""
+        dirty = self.files.get(path)
+        if dirty is not None and dirty.writers and not dirty.materialized:
+            try:
+                async with dirty.lock:
+                    await dirty._materialize()
+            except RucioFsError as exc:
+                log.warning("%s: removed while open, and its content could not be kept for "
+                            "the descriptors still open (%s): they fail from now on", path, exc)
         dirty = self.files.pop(path, None)
         if dirty is not None:
             dirty.unlinked = True
@@ -983,6 +1022,10 @@ class WriteBack:
                 await dirty.stop_streaming("")
             if dirty.writers == 0:
                 dirty.close_staging(keep=False)
+            else:  # still open: its content stays readable, but no record may name it
+                if dirty.in_journal:
+                    dirty._to_staging_file(sync=False)
+                dirty.unrecord()
         return dirty
 
     async def renamed(self, old: str, new: str) -> None:
@@ -1049,6 +1092,10 @@ class WriteBack:
                 await dirty.commit()
             except RucioFsError as exc:
                 failed.append((dirty.path, str(exc)))
+            except Exception as exc:  # a staging file gone, a journal that cannot grow
+                self.catalog.stats.events["background_errors"] += 1
+                log.exception("%s: retrying its upload failed", dirty.path)
+                failed.append((dirty.path, repr(exc)))
             else:
                 self._forget(dirty)
         return failed
