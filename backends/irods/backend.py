@@ -8,7 +8,9 @@ the first 401 (see :mod:`.auth`). The root collection is checked, and whether th
 speaks GenQuery2 (with access-list columns) is found out by asking.
 
 Listing and stat: two GenQuery queries at once (see :mod:`.query`); entries carry size,
-time, checksum and the mounting user's permissions as mode bits.
+time, checksum and the mounting user's permissions as mode bits. A listing that finds nothing
+asks one query more (is it a collection, an empty one?), and if not one more still: a data
+object's path is NotADirectory, a missing path NotFound.
 
 Reading: ``data-objects op=read`` with ``offset``/``count`` through the core's read path,
 several ranges in flight, each at most :data:`READ_MAX` (well inside the API's 30 s request
@@ -51,6 +53,7 @@ from rucio_fs.backend import Backend, Capability, Entry, Kind, Upload
 from rucio_fs.errors import (
     AlreadyExists,
     NoSuchAttribute,
+    NotADirectory,
     NotEmpty,
     NotFound,
     NotPermitted,
@@ -359,6 +362,10 @@ class IrodsBackend(Backend):
     # -- namespace --------------------------------------------------------------------------
 
     async def list(self, path: str) -> AsyncIterator[Entry]:
+        """The data objects and subcollections of collection ``path``: two queries at
+        once (then their further pages). A listing that finds nothing asks whether ``path``
+        is a collection (one query; an empty one lists empty), and only if not whether it is
+        a data object (one more): NotADirectory if so, else NotFound."""
         collection = self._lpath(path)
         folders = {Kind.DIR: Folder(Kind.DIR, self.principals),
                    Kind.FILE: Folder(Kind.FILE, self.principals)}
@@ -367,6 +374,7 @@ class IrodsBackend(Backend):
                   Kind.FILE: Pager(self._query, self.dialect, *data_query(self.dialect,
                                                                           collection))}
         pages: dict[Kind, list[list[str]] | None] = {}
+        listed_any = False
 
         async def step(kind: Kind, pager: Pager) -> None:
             pages[kind] = await pager.next_page()
@@ -380,9 +388,27 @@ class IrodsBackend(Backend):
                 page = pages[kind]
                 done = pagers[kind].done
                 for entry in folders[kind].fold(page or [], last=done):
+                    listed_any = True
                     yield entry
                 if done:
                     del pagers[kind]
+        if not listed_any and path != "/":  # the root was checked as the mount started
+            await self._check_empty(path, collection)
+
+    async def _check_empty(self, path: str, lpath: str) -> None:
+        """Return if ``lpath`` is a collection (an empty one); raise NotADirectory if it
+        is a data object, else NotFound."""
+        if await self._named(Kind.DIR, *coll_query(self.dialect, path=lpath)):
+            return
+        parent, _, name = lpath.rpartition("/")
+        if await self._named(Kind.FILE, *data_query(self.dialect, parent or "/", name)):
+            raise NotADirectory(path)
+        raise NotFound(path)
+
+    async def _named(self, kind: Kind, select: str, where: str) -> list[Entry]:
+        """The entries of one query for a single name (whose rows one answer holds)."""
+        rows = await self._query(f"select {select} where {where}", self.dialect.parser, {})
+        return Folder(kind, self.principals).fold(rows, last=True)
 
     async def stat(self, path: str) -> Entry:
         lpath = self._lpath(path)
@@ -390,8 +416,7 @@ class IrodsBackend(Backend):
         found: dict[Kind, list[Entry]] = {}
 
         async def one(kind: Kind, select: str, where: str) -> None:
-            rows = await self._query(f"select {select} where {where}", self.dialect.parser, {})
-            found[kind] = Folder(kind, self.principals).fold(rows, last=True)
+            found[kind] = await self._named(kind, select, where)
 
         async with open_nursery() as nursery:
             nursery.start_soon(one, Kind.DIR, *coll_query(self.dialect, path=lpath))

@@ -16,7 +16,8 @@ Names. A child in its parent's scope appears under its name; a child from anothe
 DID and every DID has exactly one path under a given parent.
 
 Costs. A directory listing is one content request (``GET /dids/S/N/dids``), which already
-carries bytes, adler32 and md5 of every file: no per-file stat, no replica lookup. Replicas
+carries bytes, adler32 and md5 of every file: no per-file stat, no replica lookup (only a DID
+whose content is empty costs one request more, for its type: a file is no directory). Replicas
 are resolved on a file's first read, never while listing; concurrent first reads share one
 ``POST /replicas/list`` of up to 1,000 DIDs (the server's limit). Files are immutable in Rucio,
 so their attributes and data are cached for the long TTL; collections follow the listing TTL.
@@ -47,6 +48,7 @@ from rucio_fs.errors import (
     IntegrityError,
     InvalidInput,
     MissingCredentials,
+    NotADirectory,
     NotFound,
     RucioFsError,
     Unavailable,
@@ -120,6 +122,11 @@ def did_for(component: str, parent_scope: str) -> Did:
     if not scope or not name or _BAD_ESCAPE.search(name):
         raise NotFound(component)
     return Did(scope, re.sub(r"%(25|2F|3A)", lambda m: _UNESCAPES[m.group(0)], name))
+
+
+def _did_type(info: Mapping[str, Any]) -> str:
+    """The type (``FILE``, ``DATASET``, ``CONTAINER`` …) a DID's description gives."""
+    return str(info.get("type") or info.get("did_type") or "").upper()
 
 
 class Replica(NamedTuple):
@@ -458,7 +465,7 @@ class RucioBackend(Backend):
                 nursery.start_soon(check, parent, child)
 
     def _entry(self, name: str, info: Mapping[str, Any]) -> Entry:
-        kind = str(info.get("type") or info.get("did_type") or "").upper()
+        kind = _did_type(info)
         if kind != "FILE":
             return Entry(name=name, kind=Kind.DIR, mtime_ns=self.mtime_ns,
                          metadata={"type": kind})
@@ -502,12 +509,17 @@ class RucioBackend(Backend):
         return entry
 
     async def list(self, path: str) -> AsyncIterator[Entry]:
+        """The scopes, a scope's top-level DIDs, or a collection's content (one request).
+        A file's content is empty as an empty collection's is, so a DID's path below a scope
+        that lists nothing costs one request more, for its type: a file is NotADirectory.
+        A file this mount saw in its collection's listing is known: no request for it."""
         components = self._components(path)
         if not components:
             for scope in await self._scopes():
                 yield Entry(name=scope, kind=Kind.DIR, mtime_ns=self.mtime_ns,
                             metadata={"type": "SCOPE"})
             return
+        did: Did | None = None
         if len(components) == 1:
             scope = components[0]
             request, parent_scope = f"/dids/{quote(scope, safe='')}/", scope
@@ -516,16 +528,20 @@ class RucioBackend(Backend):
             dids = self._dids(components)
             await self._check_members(dids)
             did = dids[-1]
+            if self._listed_as_file(dids):
+                raise NotADirectory(path)
             request, parent_scope, what = did.url() + "/dids", did.scope, f"content of {did}"
         # A scope's listing carries no checksums: its files' come from bulk metadata (one
         # request per MAX_DIDS_PER_REQUEST files), so they are verified like any other.
         unsummed: list[tuple[Did, dict[str, Any]]] = []
         files: list[Did] | None = [] if len(components) > 1 and self._caching else None
+        empty = True
         async for info in self.api.ndjson("GET", request, what=what):
             child = Did(str(info.get("scope") or parent_scope), str(info.get("name", "")))
             if not child.name:
                 continue
-            is_file = str(info.get("type") or info.get("did_type") or "").upper() == "FILE"
+            empty = False
+            is_file = _did_type(info) == "FILE"
             if is_file and files is not None:
                 files.append(child)
                 if len(files) > MAX_SIBLINGS:
@@ -543,6 +559,16 @@ class RucioBackend(Backend):
                 yield entry
         if files:
             self._siblings[self._did(components)] = _Siblings(files)
+        if empty and did is not None:
+            info = await self.api.json("GET", did.url(), what=f"type of {did}")
+            if _did_type(info) == "FILE":
+                raise NotADirectory(path)
+
+    def _listed_as_file(self, dids: list[Did]) -> bool:
+        """Whether the last of ``dids`` is a file as its collection's listing by this mount
+        showed it (a DID never changes type)."""
+        siblings = self._siblings.get(dids[-2]) if self._caching and len(dids) > 1 else None
+        return siblings is not None and dids[-1] in siblings.index
 
     async def _with_checksums(self, files: list[tuple[Did, dict[str, Any]]],
                               parent_scope: str) -> list[Entry]:

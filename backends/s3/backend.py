@@ -12,9 +12,11 @@ a prefix (``k`` beside ``k/child``), the directory wins and the object is hidden
 mountpoint-s3 does. A hidden key is never read, written or deleted through the mount.
 
 Costs. A listing is ListObjectsV2 with ``delimiter=/`` (1,000 keys per page), whose entries
-carry size, time and ETag: no HEAD per entry. Looking up a name no listing has shown sends a
-HEAD of the key and a 1-key LIST under ``key/`` at once. Reads are ranged GETs on a presigned
-URL through the core's read path.
+carry size, time and ETag: no HEAD per entry. Only a listing that names no key at all (not
+even an empty directory's marker) sends one HEAD of the key: a file's path is NotADirectory,
+and a path with neither object, marker nor key below is NotFound, as its ``stat`` says.
+Looking up a name no listing has shown sends a HEAD of the key and a 1-key LIST under
+``key/`` at once. Reads are ranged GETs on a presigned URL through the core's read path.
 
 Writes (see :mod:`rucio_fs.writeback`): a file up to ``part_size`` is one PUT, a larger one a
 multipart upload whose parts are sent while it is written. Every body carries ``Content-MD5``,
@@ -52,6 +54,7 @@ from rucio_fs.errors import (
     InvalidInput,
     MissingCredentials,
     NoSuchAttribute,
+    NotADirectory,
     NotEmpty,
     NotFound,
     NotPermitted,
@@ -277,6 +280,10 @@ class S3Backend(Backend):
         return response.content
 
     async def list(self, path: str) -> AsyncIterator[Entry]:
+        """The keys and common prefixes under ``path/``. A listing that names nothing, not
+        even the directory's marker, sends one HEAD of the key (below the mount's root
+        only): an object there is NotADirectory, no object NotFound, as :meth:`stat` says of
+        a prefix without keys. A listing that names anything costs no request more."""
         prefix = self._key(path).rstrip("/") + "/" if path != "/" else self.settings.prefix
         page = PageFolder(prefix, self._file_entry,
                            Entry(name="", kind=Kind.DIR, mtime_ns=self._started_ns))
@@ -299,12 +306,23 @@ class S3Backend(Backend):
             if token is None:
                 break
             body = following["body"]
+        if not page.named_any and path != "/":
+            await self._not_listable(path, prefix[:-1])
         if page.hidden:
             self.counters_extra["hidden_keys"] += len(page.hidden)
             if self._hidden_logged < 20:
                 self._hidden_logged += 1
                 log.warning("%s: %d key(s) cannot be shown as POSIX names and are hidden "
                             "(e.g. %r)", path, len(page.hidden), page.hidden[0])
+
+    async def _not_listable(self, path: str, key: str) -> None:
+        """Raise why ``path``, whose listing named no key, is no directory: NotADirectory
+        if ``key`` is an object, else NotFound."""
+        try:
+            await self._head(key)
+        except NotFound:
+            raise NotFound(f"{path}: no object, directory marker or key below it") from None
+        raise NotADirectory(path)
 
     def _file_entry(self, name: str, item: Mapping[str, str]) -> Entry:
         try:

@@ -154,10 +154,14 @@ class PageFolder:
         self.hidden: list[str] = []
         self.held: dict[str, Entry] = {}
         self.dirs: set[str] = set()
+        #: Whether a page named any key or common prefix (the directory's own marker and
+        #: hidden keys count: the prefix then exists).
+        self.named_any = False
 
     def fold(self, body: bytes, last: bool) -> list[Entry]:
         """The entries that can be given out after this page (all of them after the last)."""
         contents, prefixes = parse_page(body, self.prefix)
+        self.named_any = self.named_any or bool(contents or prefixes)
         prefix, cut = self.prefix, len(self.prefix)
         ready: list[Entry] = []
         for item in contents:
