@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from dataclasses import fields
 from typing import Any
@@ -252,13 +253,16 @@ def stats(args: tuple[str, ...], fmt: str, reset: bool, everything: bool,
               help="Directories or files worked on at once.")
 def warm(paths: tuple[str, ...], recursive: bool, data: bool, jobs: int) -> int:
     """Fill a mount's caches for PATHS before a job reads them: listings and metadata, and
-    with --data file contents. Progress on stderr; Ctrl-C stops it cleanly."""
+    with --data file contents. Progress on stderr; Ctrl-C or SIGTERM stops it, in the daemon
+    too, with its summary (exit 128 + the signal's number)."""
     mountpoint, roots = warming.catalog_paths(paths)
     summary = warming.follow(mountpoint, roots, recursive, data, jobs)
     click.echo(summary["line"], err=True)
     for message in summary["messages"]:
         click.echo(f"  {message}", err=True)
-    return 130 if summary["cancelled"] else (1 if summary["errors"] else 0)
+    if summary["cancelled"]:
+        return 128 + (summary["signal"] or signal.SIGINT)
+    return 1 if summary["errors"] else 0
 
 
 @cli.command()

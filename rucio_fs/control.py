@@ -1,9 +1,12 @@
-"""The control channel of a live mount: one JSON request and one JSON reply per connection,
-over a unix socket (mode 0600) at :func:`rucio_fs.mounts.socket_path`.
+"""The control channel of a live mount: JSON lines over a unix socket (mode 0600) at
+:func:`rucio_fs.mounts.socket_path`, one request per connection.
 
 Requests: ``{"op": "info"}``, ``{"op": "stats", "reset": bool}``,
-``{"op": "drop", "layers": [...]}``. Replies: ``{"ok": true, "result": ...}`` or
-``{"ok": false, "error": "one line"}``.
+``{"op": "drop", "layers": [...]}``, ... Replies: ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": "one line"}``; the connection ends after it. An op that converses
+(``warm``) first sends replies marked ``"more": true`` and reads the client's further
+messages on the same connection; the client closing its end (however it ends, ``kill -9``
+too) is its hang-up, which such an op sees (:class:`Peer`).
 """
 
 from __future__ import annotations
@@ -25,14 +28,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[dict[str, Any]], Awaitable[Any]]
 MAX_REQUEST = 1 << 16
 
 
 async def serve(path: Path, handler: Handler, *,
                 task_status: trio.TaskStatus[None] | None = None) -> None:
     """Serve requests on ``path`` until cancelled; removes the socket file on the way out.
-    (trio is imported here, not with the module: the CLI's clients start without it.)"""
+    ``handler(request, peer)`` returns the last reply's result. (trio is imported here, not
+    with the module: the CLI's clients start without it.)"""
     import trio
 
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -53,6 +56,51 @@ async def serve(path: Path, handler: Handler, *,
         path.unlink(missing_ok=True)
 
 
+class Peer:
+    """The client of one control connection, as an op's handler sees it: replies before the
+    last one go to it, its further messages come from it, and both tell when it has hung up.
+    One task may send while another receives."""
+
+    def __init__(self, stream: trio.SocketStream, buffered: bytes = b"") -> None:
+        self._stream = stream
+        self._buffer = buffered
+
+    async def send(self, result: Any) -> bool:
+        """Send ``result`` as a reply that more replies follow; False if the client has hung
+        up (nothing was sent)."""
+        import trio
+
+        try:
+            await self._stream.send_all(_encode({"ok": True, "result": result, "more": True}))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        return True
+
+    async def receive(self) -> dict[str, Any] | None:
+        """The client's next message; None once it has hung up (closed its end, or exited
+        however it did). ValueError for a message that is no JSON object."""
+        import trio
+
+        while b"\n" not in self._buffer:
+            if len(self._buffer) >= MAX_REQUEST:
+                raise ValueError("control message too long")
+            try:
+                chunk = await self._stream.receive_some(MAX_REQUEST)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return None
+            if not chunk:
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        message = json.loads(line)
+        if not isinstance(message, dict):
+            raise ValueError("a control message is a JSON object")
+        return message
+
+
+Handler = Callable[[dict[str, Any], Peer], Awaitable[Any]]
+
+
 async def _handle(stream: trio.SocketStream, handler: Handler) -> None:
     import trio
 
@@ -60,12 +108,13 @@ async def _handle(stream: trio.SocketStream, handler: Handler) -> None:
         try:
             raw = b""
             with trio.fail_after(10):
-                while not raw.endswith(b"\n") and len(raw) < MAX_REQUEST:
+                while b"\n" not in raw and len(raw) < MAX_REQUEST:
                     chunk = await stream.receive_some(MAX_REQUEST)
                     if not chunk:
                         break
                     raw += chunk
-            reply = {"ok": True, "result": await handler(json.loads(raw))}
+            line, _, rest = raw.partition(b"\n")
+            reply = {"ok": True, "result": await handler(json.loads(line), Peer(stream, rest))}
         except (ValueError, KeyError, TypeError) as exc:
             reply = {"ok": False, "error": f"bad control request: {exc}"}
         except RucioFsError as exc:
@@ -76,33 +125,75 @@ async def _handle(stream: trio.SocketStream, handler: Handler) -> None:
             log.exception("control request failed")
             reply = {"ok": False, "error": f"internal error: {exc!r}"}
         with contextlib.suppress(trio.BrokenResourceError):
-            await stream.send_all(json.dumps(reply).encode() + b"\n")
+            await stream.send_all(_encode(reply))
+
+
+def _encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+class Conversation:
+    """One request to the daemon serving ``mountpoint`` and its replies, read in turn with
+    :meth:`reply` (blocking; used by the CLI); :meth:`send` tells an op that converses more.
+    Each wait for the daemon is bounded by ``timeout`` seconds (Unavailable then)."""
+
+    def __init__(self, mountpoint: str, op: str, timeout: float | None = 60.0,
+                 **args: Any) -> None:
+        mount = require_rucio_fs(mountpoint)
+        self.mountpoint = mountpoint
+        self._path = socket_path(mount.minor)
+        self._buffer = b""
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(str(self._path))
+            self.send({"op": op, **args})
+        except FileNotFoundError:
+            self.close()
+            raise Unavailable(f"{mountpoint}: no control socket at {self._path} "
+                              "(daemon gone? try: rucio-fs unmount)") from None
+        except OSError as exc:
+            self.close()
+            raise self._unavailable(exc) from None
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Send one more message on this connection (OSError if the daemon has closed it)."""
+        self._sock.sendall(_encode(message))
+
+    def reply(self) -> tuple[Any, bool]:
+        """The next reply's result, and whether more replies follow; InvalidInput with the
+        daemon's error, Unavailable when no valid reply comes."""
+        try:
+            while b"\n" not in self._buffer:
+                chunk = self._sock.recv(1 << 20)
+                if not chunk:
+                    break
+                self._buffer += chunk
+        except OSError as exc:
+            raise self._unavailable(exc) from None
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            reply = json.loads(line)
+        except ValueError:
+            raise Unavailable(f"{self.mountpoint}: daemon sent no valid reply") from None
+        if not reply.get("ok"):
+            raise InvalidInput(reply.get("error", "request failed"))
+        return reply["result"], bool(reply.get("more"))
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> Conversation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _unavailable(self, exc: OSError) -> Unavailable:
+        return Unavailable(f"{self.mountpoint}: control socket {self._path}: {exc}")
 
 
 def request(mountpoint: str, op: str, timeout: float | None = 60.0, **args: Any) -> Any:
     """Send one request to the daemon serving ``mountpoint`` (blocking; used by the CLI)."""
-    mount = require_rucio_fs(mountpoint)
-    path = socket_path(mount.minor)
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(str(path))
-            sock.sendall(json.dumps({"op": op, **args}).encode() + b"\n")
-            raw = b""
-            while not raw.endswith(b"\n"):
-                chunk = sock.recv(1 << 20)
-                if not chunk:
-                    break
-                raw += chunk
-        except FileNotFoundError:
-            raise Unavailable(f"{mountpoint}: no control socket at {path} "
-                              "(daemon gone? try: rucio-fs unmount)") from None
-        except OSError as exc:
-            raise Unavailable(f"{mountpoint}: control socket {path}: {exc}") from None
-    try:
-        reply = json.loads(raw)
-    except ValueError:
-        raise Unavailable(f"{mountpoint}: daemon sent no valid reply") from None
-    if not reply.get("ok"):
-        raise InvalidInput(reply.get("error", "request failed"))
-    return reply["result"]
+    with Conversation(mountpoint, op, timeout, **args) as talk:
+        return talk.reply()[0]

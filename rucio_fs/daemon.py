@@ -500,8 +500,6 @@ def _fsname(url: str) -> str:
 def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.Handler:
     #: The backend's own counters at the last ``stats --reset`` (they cannot be zeroed).
     baseline: dict[str, int] = {}
-    #: Warm-ups running or not yet collected by their client (``rucio-fs warm``).
-    warms: dict[int, Warmer] = {}
 
     def all_counters() -> Counter[str]:
         total: Counter[str] = Counter()
@@ -530,7 +528,7 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
         **({"identities": ops.identities.snapshot} if ops.identities is not None else {}),
     }
 
-    async def handle(message: dict[str, Any]) -> Any:
+    async def handle(message: dict[str, Any], peer: control.Peer) -> Any:
         op = message["op"]
         if op == "info":
             return {key: stats.static[key] for key in ("pid", "url", "mountpoint", "version")}
@@ -578,30 +576,19 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
                 result["queued"] += [{**q, **owner} for q in writes.queued()]
                 result["dropped"] += writes.queue.take_failed()
             return result
-        if op == "warm_start":
+        if op == "warm":
             if ops.identities is not None:
                 raise InvalidInput("warm: a per-user mount's caches are each user's own; run "
                                    "the job's reads as that user instead")
             warmer = Warmer(ops.catalog, [str(p) for p in message.get("paths", ["/"])],
                             bool(message.get("recursive")), bool(message.get("data")),
                             max(1, min(256, int(message.get("jobs", 8)))))
-            for key, old in list(warms.items()):  # kept a minute for their clients
-                if old.finished is not None and time.monotonic() - old.finished > 60:
-                    del warms[key]
-            warms[id(warmer)] = warmer
-            assert ops.nursery is not None
-            ops.nursery.start_soon(warmer.run)
-            return {"id": id(warmer)}
-        if op in ("warm_status", "warm_cancel"):
-            warmer = warms.get(int(message.get("id", 0)))
-            if warmer is None:
-                raise InvalidInput("no such warm-up on this mount")
-            if op == "warm_cancel":
-                warmer.cancel()
-            # A long poll: the reply comes when the walk ends, or after ``wait`` seconds.
-            with trio.move_on_after(min(float(message.get("wait", 0)), 10.0)):
-                await warmer.ended.wait()
-            return warmer.progress()
+            # The walk runs in this connection's task, so it ends with it at the latest.
+            progress = await warmer.converse(
+                peer, max(0.05, min(10.0, float(message.get("every", 1.0)))))
+            if warmer.abandoned:
+                stats.events["warm_client_gone"] += 1
+            return progress
         if op == "trace_start":
             if ops.recorder is not None:
                 log.warning("a trace was still recording (its client is gone?); starting anew")

@@ -5,9 +5,12 @@ each directory is listed through the catalog (the listing layer, and the metadat
 entry with it), recursively on request; with ``data`` every file's blocks are read through
 the data path too (the data layer, and the disk layer when the mount has one). At most
 ``jobs`` directories or files are worked on at once, each file one block at a time, so the
-memory it holds stays within ``jobs`` blocks beside the mount's own budget. The client
-follows its progress and may cancel it; a failure on one path is counted and the walk goes
-on.
+memory it holds stays within ``jobs`` blocks beside the mount's own budget. A failure on
+one path is counted and the walk goes on.
+
+The walk lives on its client's control connection (:meth:`Warmer.converse`): the client
+follows its progress there and may cancel it, and when the client hangs up — exits however
+it does, ``kill -9`` too — the walk is cancelled, so nothing goes on reading for nobody.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import trio
 from .backend import Entry
 from .caches import Listing
 from .catalog import Catalog, child_path
+from .control import Peer
 from .errors import RucioFsError
 
 log = logging.getLogger(__name__)
@@ -48,6 +52,8 @@ class Warmer:
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     cancelled: bool = False
+    #: The client hung up before the walk's end (which cancelled it).
+    abandoned: bool = False
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     #: Set when the walk has ended (done or cancelled).
     ended: trio.Event = field(default_factory=trio.Event)
@@ -86,7 +92,46 @@ class Warmer:
         self.ended.set()
 
     def cancel(self) -> None:
+        """Stop the walk (before it starts, too); :meth:`run` returns soon after."""
         self.scope.cancel()
+
+    async def converse(self, peer: Peer, every: float) -> dict[str, Any]:
+        """Run the walk for the client on ``peer``: its progress sent every ``every``
+        seconds, the walk cancelled when the client sends ``{"op": "cancel"}`` or hangs up
+        (then :attr:`abandoned`). Returns the last progress, for the final reply, once the
+        walk has ended."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._listen, peer)
+            async with trio.open_nursery() as walk:
+                walk.start_soon(self.run)
+                walk.start_soon(self._report, peer, every)
+            nursery.cancel_scope.cancel()
+        return self.progress()
+
+    async def _listen(self, peer: Peer) -> None:
+        while (message := await peer.receive()) is not None:
+            if message.get("op") == "cancel":
+                self.cancel()
+        self._hung_up()
+
+    async def _report(self, peer: Peer, every: float) -> None:
+        # A send is never cancelled half-way (a client stopped by Ctrl-Z and continued would
+        # read a torn line): this loop ends itself, after its send, once the walk is over.
+        while True:
+            with trio.move_on_after(every):
+                await self.ended.wait()
+            if self.ended.is_set():
+                return
+            if not await peer.send(self.progress()):
+                self._hung_up()
+                return
+
+    def _hung_up(self) -> None:
+        if not self.ended.is_set() and not self.abandoned:
+            self.abandoned = True
+            log.info("warm of %s: its client hung up; the walk is cancelled",
+                     ", ".join(self.roots))
+            self.cancel()
 
     async def _visit(self, path: str, entry: Entry | None) -> list[tuple[str, Entry | None]]:
         """Warm one path; the subdirectories (and, for data, files) still to visit."""

@@ -1,9 +1,12 @@
 """``rucio-fs warm`` on the client's side: which mount, starting the daemon's warm-up,
-showing its progress, and stopping it on Ctrl-C (see :mod:`rucio_fs.warm`)."""
+showing its progress, and stopping it on SIGINT (Ctrl-C) or SIGTERM (see
+:mod:`rucio_fs.warm`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -12,9 +15,13 @@ from . import control
 from .errors import InvalidInput
 from .mounts import FSTYPE, read_mounts
 
-#: How long one progress request waits in the daemon for the walk to end (a long poll: the
-#: end is seen at once, progress every POLL seconds meanwhile).
-POLL = 0.25
+#: How often the daemon sends the walk's progress (the end comes at once, in its own reply).
+EVERY = 0.25
+
+#: The signals that cancel a warm-up, its summary still shown. Their handlers are installed
+#: whatever was inherited: a command started with ``&`` by a non-interactive shell inherits
+#: SIGINT ignored, and SIGTERM is how a batch system ends a job.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def catalog_paths(paths: Sequence[str]) -> tuple[str, list[str]]:
@@ -38,29 +45,52 @@ def catalog_paths(paths: Sequence[str]) -> tuple[str, list[str]]:
 
 def follow(mountpoint: str, roots: list[str], recursive: bool, data: bool,
            jobs: int) -> dict[str, Any]:
-    """Run a warm-up to its end (or until Ctrl-C cancels it); its last progress, with the
-    summary ``line``."""
-    job = control.request(mountpoint, "warm_start", paths=roots, recursive=recursive,
-                          data=data, jobs=jobs)["id"]
+    """Run a warm-up to its end, or until SIGINT or SIGTERM cancels it: its last progress,
+    with the summary ``line`` and ``signal``, the number of the signal that cancelled it
+    (else None). The warm-up lives on this process's control connection: if the process
+    ends without a word (``kill -9``), the daemon cancels the walk when the connection
+    closes."""
+    talk: control.Conversation | None = None
+    stopped: list[int] = []
+
+    def stop(signum: int, _frame: object) -> None:
+        # It raises nothing, so the reading of a reply it interrupts goes on unharmed, and
+        # the daemon's reply to the cancel is the summary.
+        if not stopped:
+            stopped.append(signum)
+            if talk is not None:
+                _cancel(talk)
+
     tty = sys.stderr.isatty()
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
     try:
-        while True:
-            progress = control.request(mountpoint, "warm_status", id=job, wait=POLL)
-            if tty:
-                sys.stderr.write("\r" + _line(progress) + "\033[K")
-                sys.stderr.flush()
-            if progress["done"]:
-                break
-    except KeyboardInterrupt:
-        control.request(mountpoint, "warm_cancel", id=job)
-        while not (progress := control.request(mountpoint, "warm_status", id=job,
-                                               wait=POLL))["done"]:
-            pass
+        talk = control.Conversation(mountpoint, "warm", paths=roots, recursive=recursive,
+                                    data=data, jobs=jobs, every=EVERY)
+        with talk:
+            if stopped:  # a signal came before the warm-up had a connection
+                _cancel(talk)
+            while True:
+                progress, more = talk.reply()
+                if not more:
+                    break
+                if tty:
+                    sys.stderr.write("\r" + _line(progress) + "\033[K")
+                    sys.stderr.flush()
+    finally:
+        for signum, handler in previous.items():
+            if handler is not None:
+                signal.signal(signum, handler)
     if tty:
         sys.stderr.write("\r\033[K")
+    progress["signal"] = stopped[0] if stopped and progress["cancelled"] else None
     progress["line"] = ("warm cancelled: " if progress["cancelled"] else "warmed ") + \
         _line(progress, final=True)
     return progress
+
+
+def _cancel(talk: control.Conversation) -> None:
+    with contextlib.suppress(OSError):  # the daemon has ended the conversation already
+        talk.send({"op": "cancel"})
 
 
 def _line(p: dict[str, Any], final: bool = False) -> str:
