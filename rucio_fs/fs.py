@@ -332,8 +332,10 @@ class RucioFs(pyfuse3.Operations):
             if entry.version != inode.entry.version:
                 inode.entry, inode.attrs = entry, None
             return inode.entry
-        if _removed(inode):
-            return inode.entry  # its path may name another file now
+        if _removed(inode):  # its path may name another file now
+            if any(h.inode is inode for h in self._files.values()):
+                return inode.entry  # what an open descriptor of it shows
+            raise NotFound(f"{inode.path}: removed")
         now = time.monotonic()
         if not self._fresh(inode, now):
             entry = await self.catalog.stat(inode.path)

@@ -324,8 +324,11 @@ def test_server_down_gives_eio_then_recovers_and_failed_uploads_are_kept(mount_f
 def test_pending_upload_can_be_discarded(mount_fs, s3_server):
     prefix = unique("discard")
     mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "--timeout", "10")
-    f = open(mnt.path / "doomed", "wb")  # noqa: SIM115 - close is what is tested
+    assert os.listdir(mnt.path) == []  # cached: the name is created without the server
     with s3_server.gateway_down():
+        # Opened only now: the stopping of the gateway forks, and the child's exec closes a
+        # copy of every descriptor open then, which uploads a new file (empty, here).
+        f = open(mnt.path / "doomed", "wb")  # noqa: SIM115 - close is what is tested
         f.write(b"x")
         with pytest.raises(OSError):
             f.close()

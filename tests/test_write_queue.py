@@ -1,4 +1,4 @@
-"""Suspected bugs of the write path, each reached through the path that would trigger it.
+"""The write-back queue's promises, each held under the step that would break it.
 
 * An upload that failed once and then succeeded is no error: ``uploads --wait``, ``fsync``
   and a rename that waits for it return 0 (the queue forgot the failure of the earlier try).
