@@ -10,9 +10,10 @@ step does not end the loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
@@ -23,29 +24,22 @@ log = logging.getLogger(__name__)
 EVENT = "background_errors"
 
 
-def survive(events: Counter[str], what: str) -> _Survive:
-    """``with survive(events, "what"):`` logs and counts an exception of any type raised in
-    the block instead of letting it propagate (``BaseException`` such as cancellation still
+def report_failure(events: Counter[str], what: str, exc: BaseException) -> None:
+    """``what`` failed in the background with an unexpected ``exc``: logged with its
+    traceback and counted; the caller goes on."""
+    events[EVENT] += 1
+    log.error("%s failed unexpectedly; the mount goes on", what, exc_info=exc)
+
+
+@contextlib.contextmanager
+def survive(events: Counter[str], what: str) -> Iterator[None]:
+    """``with survive(events, "what"):`` an exception of any type raised in the block is
+    :func:`report_failure` instead of propagating (``BaseException`` such as cancellation still
     propagates)."""
-    return _Survive(events, what)
-
-
-class _Survive:
-    __slots__ = ("events", "what")
-
-    def __init__(self, events: Counter[str], what: str) -> None:
-        self.events, self.what = events, what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: Any) -> bool:
-        if exc is None or not isinstance(exc, Exception):
-            return False
-        self.events[EVENT] += 1
-        log.error("%s failed; the mount goes on", self.what, exc_info=exc)
-        return True
+    try:
+        yield
+    except Exception as exc:
+        report_failure(events, what, exc)
 
 
 def start_guarded(nursery: trio.Nursery, events: Counter[str], what: str,

@@ -62,8 +62,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from .backend import Kind
-from .background import EVENT as BACKGROUND_ERRORS
-from .background import survive
+from .background import report_failure, survive
 from .errors import AlreadyExists, NotFound, RucioFsError, Unavailable
 from .journal import ancestors, overlaps
 
@@ -361,10 +360,8 @@ class WriteQueue:
         except RucioFsError as exc:
             self._finish_running(ops, exc)
         except Exception as exc:  # a bug, a staging file or journal failing: tried again
-            self.wb.catalog.stats.events[BACKGROUND_ERRORS] += 1
-            log.error("%s %s%s failed unexpectedly; tried again later", ops[0].kind,
-                      ops[0].path, f" (and {len(ops) - 1} more)" if len(ops) > 1 else "",
-                      exc_info=True)
+            more = f" (and {len(ops) - 1} more)" if len(ops) > 1 else ""
+            report_failure(self.wb.catalog.stats.events, f"{ops[0].kind} {ops[0].path}{more}", exc)
             self._finish_running(ops, Unavailable(f"failed unexpectedly: {exc!r}"))
         finally:
             self._finish_running(ops, Unavailable("interrupted"))  # cancelled

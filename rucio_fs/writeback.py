@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from . import background
 from . import journal as journals
 from .arena import SLOT_BYTES, Arena, read_slot
 from .backend import Entry, Kind, Upload
@@ -1093,8 +1094,8 @@ class WriteBack:
             except RucioFsError as exc:
                 failed.append((dirty.path, str(exc)))
             except Exception as exc:  # a staging file gone, a journal that cannot grow
-                self.catalog.stats.events["background_errors"] += 1
-                log.exception("%s: retrying its upload failed", dirty.path)
+                background.report_failure(self.catalog.stats.events,
+                                          f"retrying the upload of {dirty.path}", exc)
                 failed.append((dirty.path, repr(exc)))
             else:
                 self._forget(dirty)
