@@ -1,13 +1,26 @@
 """S3 benchmarks against versitygw on 127.0.0.1, side by side with s3fs and rclone (from apt).
 
     python benchmarks/bench_s3.py [--server DIR] [--objects 10000] [--small-files 6400]
-                                  [--big-mib 1024] [--peers s3fs,rclone] [--out FILE.json]
+                                  [--big-mib 1024] [--peers s3fs,rclone] [--baseline DIR]
+                                  [--experiments ls,small,big,rsync,...] [--out FILE.json]
 
 Experiments (the same server, one run):
 
-* ``ls``: cold ``ls -l`` of N objects (a fresh mount) against the raw ListObjectsV2 pages of
-  the same prefix (presigned GETs read with ``http.client``: the server's own cost plus the
-  least a client can do), then warm ``ls -l``. Goals: cold <= 1.3x raw, warm <= 0.10 s.
+* ``ls``: cold ``ls -l`` of N objects (a fresh mount; ``ls -l`` stats every entry) against the
+  raw ListObjectsV2 pages of the same prefix (presigned GETs read with ``http.client``: the
+  server's own cost plus the least a client can do), then warm ``ls -l``. Goals: cold <= 1.3x
+  raw, warm <= 0.10 s. With ``--baseline DIR`` (another checkout, e.g. ``git worktree add DIR
+  COMMIT``) every repeat also mounts DIR's code, the two alternating; medians compared.
+* ``rsync``: ``rsync -a`` of GeeseFS's small-file tree (below), its files and directories
+  given distinct old times (some with nanoseconds) and a few modes, from local disk into an
+  empty prefix through rucio-fs (``--write-back sync`` and ``async``), rclone and s3fs in turn:
+  the first run (async: until ``rucio-fs uploads --wait`` returns, the data on the server),
+  a second run on the same mount, and a second run on a new mount of the prefix (caches cold).
+  Each run is ``rsync -ai``: its exit code and the lines it itemized (none on a second run
+  when the client keeps what rsync set). rclone is mounted without ``--use-server-modtime``
+  (it then shows the times rsync set; no ``--vfs-cache-mode``: like s3fs and sync rucio-fs,
+  its ``close`` returns once the object is on the server). Goals: first run <= rclone,
+  second run <= 0.5x rclone. rucio-fs logs: ``OUT-logs/``.
 * ``small``: GeeseFS's small-file test: 6,400 files of 0.5-300 KB (30 KB on average) in 1,024
   directories two levels deep; ``cp -r`` into the mount, then ``rm -r``. Against s3fs and rclone.
 * ``big``: 1 GiB written with ``dd bs=1M`` (until close returns: the upload is done) and read
@@ -19,7 +32,8 @@ Experiments (the same server, one run):
   peers. On loopback every request is CPU, so this measures CPU per file more than waiting.
 
 ``--server DIR`` reuses servers started with ``scripts/servers/s3.sh start DIR``; otherwise they
-are started in a temporary directory and stopped by PID at the end.
+are started in a temporary directory and stopped by PID at the end. Writes ``--out`` (JSON,
+default ``benchmarks/results/bench_s3.json``) and a Markdown summary beside it (``.md``).
 """
 
 from __future__ import annotations
@@ -42,7 +56,11 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 from common import (
+    RESULTS,
+    RUCIO_FS,
+    CheckoutMount,
     Mount,
+    checkout_code,
     concurrently,
     drop_page_cache,
     geesefs_binary,
@@ -116,25 +134,51 @@ def raw_listing(endpoint: str, prefix: str) -> tuple[float, int]:
 
 
 def ls_l(path: Path) -> float:
+    """Seconds of ``ls -l``: a listing, then a stat of every entry (its output discarded)."""
     return timed(["ls", "-l", str(path)])
 
 
-def exp_ls(env: dict, root: Path, objects: int, repeat: int) -> dict:
+def ls_l_entries(path: Path) -> int:
+    """The entries ``ls -l`` shows (each with its attributes)."""
+    out = subprocess.run(["ls", "-l", str(path)], check=True, capture_output=True, text=True)
+    return sum(1 for line in out.stdout.splitlines() if not line.startswith("total "))
+
+
+def exp_ls(env: dict, root: Path, objects: int, repeat: int,
+           baseline: dict[str, str] | None = None) -> dict:
     prefix = f"ls-{uuid.uuid4().hex[:6]}"
     seed(env, prefix, objects)
     raw = min(raw_listing(env["VGW_ENDPOINT"], prefix)[0] for _ in range(repeat))
-    cold, warm = [], []
-    for _ in range(repeat):
-        mount = Mount(root, f"s3://test/{prefix}", "-o", f"endpoint_url={env['VGW_ENDPOINT']}")
-        try:
-            cold.append(ls_l(mount.path))
-            warm.append(min(ls_l(mount.path) for _ in range(3)))
-        finally:
-            mount.unmount()
-    result = {"objects": objects, "raw_list_s": raw, "cold_s": sorted(cold),
-              "warm_s": sorted(warm), "cold_over_raw": min(cold) / raw}
-    print(f"ls -l {objects}: raw pages {raw:.3f} s, cold {min(cold):.3f} s "
-          f"({result['cold_over_raw']:.2f}x raw), warm {min(warm):.3f} s", flush=True)
+    codes = ["current", *(["baseline"] if baseline else [])]
+    cold: dict[str, list[float]] = {code: [] for code in codes}
+    warm: dict[str, list[float]] = {code: [] for code in codes}
+    options = ("-o", f"endpoint_url={env['VGW_ENDPOINT']}")
+    for i in range(repeat):  # alternating, each code first in turn
+        for code in codes[i % 2:] + codes[:i % 2]:
+            mount = (Mount(root, f"s3://test/{prefix}", *options) if code == "current" else
+                     CheckoutMount(root, baseline, f"s3://test/{prefix}", *options))
+            try:
+                cold[code].append(ls_l(mount.path))
+                warm[code].append(min(ls_l(mount.path) for _ in range(3)))
+                shown = ls_l_entries(mount.path)
+                assert shown == objects, (code, shown)
+            finally:
+                mount.unmount()
+    result = {"objects": objects, "raw_list_s": raw, "cold_s": sorted(cold["current"]),
+              "warm_s": sorted(warm["current"]),
+              "cold_median_s": statistics.median(cold["current"]),
+              "cold_over_raw": min(cold["current"]) / raw}
+    print(f"ls -l {objects}: raw pages {raw:.3f} s, cold {min(cold['current']):.3f} s "
+          f"(median {result['cold_median_s']:.3f} s, {result['cold_over_raw']:.2f}x raw), "
+          f"warm {min(warm['current']):.3f} s", flush=True)
+    if baseline:
+        base = statistics.median(cold["baseline"])
+        result.update(baseline_cold_s=sorted(cold["baseline"]),
+                      baseline_warm_s=sorted(warm["baseline"]), baseline_cold_median_s=base,
+                      cold_over_baseline=result["cold_median_s"] / base)
+        print(f"  baseline code: cold median {base:.3f} s, warm "
+              f"{min(warm['baseline']):.3f} s; current / baseline "
+              f"{result['cold_over_baseline']:.2f}x", flush=True)
     return result
 
 
@@ -150,6 +194,80 @@ def exp_small(env: dict, root: Path, files: int, peers: list[str]) -> dict:
             remove = timed(["rm", "-r", str(mnt / "tree")])
         results[kind] = {"cp_s": copy, "rm_s": remove}
         print(f"  {kind:<9} cp -r {copy:7.2f} s   rm -r {remove:7.2f} s", flush=True)
+    shutil.rmtree(source)
+    return results
+
+
+def aged(root: Path) -> None:
+    """The tree under ``root`` given what ``rsync -a`` has to carry: distinct old times (every
+    third file's with nanoseconds), and a few modes besides 0644 (files 0600, 0755, 0640;
+    every fourth directory 0750)."""
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    for i, path in enumerate(files):
+        path.chmod({0: 0o600, 1: 0o755, 2: 0o640}.get(i % 8, 0o644))
+        ns = (1_300_000_000 + 97 * i) * 10**9 + (i * 7919 % 10**9 if i % 3 == 0 else 0)
+        os.utime(path, ns=(ns, ns))
+    dirs = sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True)
+    for i, path in enumerate([*dirs, root]):
+        if i % 4 == 0 and path != root:
+            path.chmod(0o750)
+        ns = (1_200_000_000 + 1000 * i) * 10**9
+        os.utime(path, ns=(ns, ns))
+
+
+def rsync_run(source: Path, target: Path, wait: bool) -> dict:
+    """``rsync -ai source/ target/`` timed (``wait``: and ``rucio-fs uploads --wait``): its
+    exit code, how many lines it itemized (with the first few), its stderr's tail."""
+    start = time.perf_counter()
+    done = subprocess.run(["rsync", "-ai", f"{source}/", f"{target}/"], capture_output=True,
+                          text=True)
+    waited = (subprocess.run([*RUCIO_FS, "uploads", "--wait", str(target.parent)],
+                             capture_output=True, text=True) if wait else None)
+    elapsed = time.perf_counter() - start
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    return {"s": elapsed, "exit": done.returncode, "itemized": len(lines),
+            "itemized_first": lines[:5], "stderr": done.stderr.splitlines()[-10:],
+            **({"uploads_wait_exit": waited.returncode} if waited else {})}
+
+
+#: The clients of the rsync experiment: (name, kind of s3_peer_mount, rucio-fs options).
+RSYNC_CLIENTS = [("rucio-fs sync", "rucio-fs", ("--write-back", "sync")),
+                 ("rucio-fs async", "rucio-fs", ("--write-back", "async")),
+                 ("rclone", "rclone", ()), ("s3fs", "s3fs", ())]
+RSYNC_RUNS = {"first": "first run", "again": "second run, same mount",
+              "remount": "second run, new mount"}
+
+
+def exp_rsync(env: dict, root: Path, files: int, peers: list[str], logs: Path) -> dict:
+    source = root / "rsync-source"
+    total = small_tree(source, files)
+    aged(source)
+    logs.mkdir(parents=True, exist_ok=True)
+    print(f"rsync -a: {files} files, {total / files / 1000:.1f} KB on average", flush=True)
+    results: dict = {}
+    for name, kind, options in RSYNC_CLIENTS:
+        if not kind.startswith("rucio-fs") and kind not in peers:
+            continue
+        prefix = f"rsync-{kind}-{uuid.uuid4().hex[:6]}"
+        wait = "async" in options
+        runs = {}
+        for mount_no, run_names in enumerate([("first", "again"), ("remount",)], start=1):
+            log = logs / f"{name.replace(' ', '-')}-{mount_no}.log"
+            extra = (*options, "--log-file", str(log)) if kind == "rucio-fs" else ()
+            with s3_peer_mount(kind, env, prefix, root, options=extra, keep_times=True) as mnt:
+                for run in run_names:
+                    runs[run] = rsync_run(source, mnt / "tree", wait)
+        results[name] = runs
+        print(f"  {name:<15}" + "   ".join(
+            f"{RSYNC_RUNS[run].split(',')[-1].strip()} {r['s']:7.2f} s (exit {r['exit']}, "
+            f"{r['itemized']} itemized)" for run, r in runs.items()), flush=True)
+        for run, r in runs.items():
+            if r["exit"] or (run != "first" and r["itemized"]):
+                print(f"    {run}: {r['itemized_first']} {r['stderr']}", flush=True)
+    if "rclone" in results:
+        for runs in results.values():
+            for run, r in runs.items():
+                r["over_rclone"] = r["s"] / results["rclone"][run]["s"]
     shutil.rmtree(source)
     return results
 
@@ -230,7 +348,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--peers", default="s3fs,rclone")
     parser.add_argument("--experiments", default="ls,small,big")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--baseline", type=Path,
+                        help="another checkout of rucio-fs (git worktree add DIR COMMIT): "
+                             "the ls experiment mounts its code too, alternating")
+    parser.add_argument("--out", type=Path, default=RESULTS / "bench_s3.json")
     args = parser.parse_args()
     peers = [p for p in args.peers.split(",") if p]
     for peer in peers:
@@ -242,7 +363,11 @@ def main() -> int:
     with servers(args.server) as env, tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if "ls" in chosen:
-            results["ls"] = exp_ls(env, root, args.objects, args.repeat)
+            baseline = checkout_code(args.baseline, root) if args.baseline else None
+            results["ls"] = exp_ls(env, root, args.objects, args.repeat, baseline)
+        if "rsync" in chosen:
+            results["rsync"] = exp_rsync(env, root, args.small_files, peers,
+                                         args.out.with_name(args.out.stem + "-logs"))
         if "small" in chosen:
             results["small"] = exp_small(env, root, args.small_files, peers)
         if "big" in chosen:
@@ -251,9 +376,37 @@ def main() -> int:
             results["first_byte"] = exp_first_byte(env, root, max(args.repeat, 5), peers)
         if "burst" in chosen:
             results["burst"] = exp_burst(env, root, max(args.repeat, 5), peers)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    args.out.with_suffix(".md").write_text(summary(results))
     return 0
+
+
+def summary(results: dict) -> str:
+    """The Markdown summary of the ls and rsync experiments (the others: their JSON)."""
+    lines = ["# bench_s3", ""]
+    if "ls" in results:
+        r = results["ls"]
+        lines += [f"Cold `ls -l` of {r['objects']:,} objects (fresh mount): median "
+                  f"{r['cold_median_s']:.3f} s, raw ListObjectsV2 pages {r['raw_list_s']:.3f} s "
+                  f"(best {r['cold_over_raw']:.2f}x raw); warm {min(r['warm_s']):.3f} s."]
+        if "baseline_cold_median_s" in r:
+            lines += [f"Baseline code, alternating: median {r['baseline_cold_median_s']:.3f} s;"
+                      f" current / baseline {r['cold_over_baseline']:.2f}x."]
+        lines.append("")
+    if "rsync" in results:
+        lines += ["| client | " + " | ".join(RSYNC_RUNS.values()) + " |",
+                  "|---|" + "---:|" * len(RSYNC_RUNS)]
+        for name, runs in results["rsync"].items():
+            cells = []
+            for run in RSYNC_RUNS:
+                r = runs[run]
+                ratio = f", {r['over_rclone']:.2f}x rclone" if "over_rclone" in r else ""
+                cells.append(f"{r['s']:.2f} s (exit {r['exit']}, {r['itemized']} itemized"
+                             f"{ratio})")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,15 @@ import resource
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from rucio_fs.testing.mount import RUCIO_FS
 from rucio_fs.testing.mount import Mount as SharedMount
 
 
@@ -39,6 +41,57 @@ class Mount(SharedMount):
         result = super().drop(*layers)
         time.sleep(settle)
         return result
+
+
+class CheckoutMount(SharedMount):
+    """A rucio-fs mount in a fresh directory under ``root`` run by the code of another
+    checkout (:func:`checkout_code`): a same-run baseline of older code."""
+
+    def __init__(self, root: Path, code: dict[str, str], url: str, *options: str) -> None:
+        self.code = code
+        path = Path(tempfile.mkdtemp(dir=root))
+        subprocess.run([*RUCIO_FS, "mount", url, str(path), *options], check=True,
+                       capture_output=True, text=True, env=code, cwd=code["PYTHONPATH"],
+                       timeout=300)
+        super().__init__(path)
+
+    def unmount(self, check: bool = False) -> None:
+        result = subprocess.run([*RUCIO_FS, "unmount", str(self.path)], capture_output=True,
+                                text=True, env=self.code, cwd=self.code["PYTHONPATH"],
+                                timeout=300)
+        if result.returncode != 0:
+            subprocess.run(["fusermount3", "-u", "-z", str(self.path)], capture_output=True)
+            if check:
+                raise RuntimeError(f"unmount of {self.path} failed: {result.stderr.strip()}")
+
+
+def checkout_code(checkout: Path, root: Path) -> dict[str, str]:
+    """The environment under which ``python -m rucio_fs`` (run with ``cwd`` its
+    ``PYTHONPATH``) runs the code of ``checkout``, another checkout of this repository (``git
+    worktree add DIR COMMIT``), with this venv's packages.
+
+    The editable install maps ``rucio_fs.backends`` to this checkout's ``backends/`` whatever
+    ``rucio_fs`` is imported from, so the package is put together under ``root`` from links:
+    ``checkout``'s ``rucio_fs/`` entries and its ``backends/`` as ``rucio_fs/backends``. Checked
+    here: ``rucio_fs`` and the S3 backend both import from ``checkout``."""
+    checkout = checkout.resolve()
+    package = Path(tempfile.mkdtemp(dir=root)) / "rucio_fs"
+    package.mkdir()
+    for item in (checkout / "rucio_fs").iterdir():
+        if item.name != "__pycache__":
+            (package / item.name).symlink_to(item)
+    if not (package / "backends").exists():
+        (package / "backends").symlink_to(checkout / "backends")
+    env = {**os.environ, "PYTHONPATH": str(package.parent)}
+    shown = subprocess.run(
+        [sys.executable, "-c", "import rucio_fs, rucio_fs.backends.s3.backend as s3; "
+         "print(rucio_fs.__file__); print(s3.__file__)"],
+        env=env, cwd=package.parent, check=True, capture_output=True, text=True).stdout.split()
+    for name in shown:
+        if not Path(name).resolve().is_relative_to(checkout):
+            raise RuntimeError(f"{name} is not from {checkout}: the baseline would run "
+                               "this checkout's code")
+    return env
 
 
 def read_env(path: Path) -> dict[str, str]:
@@ -172,17 +225,20 @@ SERIAL_DIROPS = {"RUCIO_FS_PARALLEL_DIROPS": "0"}
 
 
 @contextmanager
-def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path,
-                  part_mb: int = 0) -> Iterator[Path]:
+def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path, part_mb: int = 0,
+                  options: Sequence[str] = (), keep_times: bool = False) -> Iterator[Path]:
     """``prefix`` of bucket ``test`` mounted by rucio-fs, ``s3fs``, ``geesefs`` or ``rclone``
     (``env``: the ``server.env`` of ``scripts/servers/s3.sh``); unmounted on exit.
     ``rucio-fs-serial``: rucio-fs leaving the kernel's lookups in one directory one at a time
     (``RUCIO_FS_PARALLEL_DIROPS=0``). ``part_mb``: the multipart part size, where not the
-    client's default (s3fs only)."""
+    client's default (s3fs only). ``options``: more options of a rucio-fs mount
+    (``--write-back async``, ``--log-file``). ``keep_times``: rclone shows the modification
+    times a writer set (stored in ``x-amz-meta-mtime``), not the server's upload times
+    (``--use-server-modtime``, which saves it a HEAD per file: the default here)."""
     path = Path(tempfile.mkdtemp(dir=root))
     endpoint = env["VGW_ENDPOINT"]
     if kind.startswith("rucio-fs"):
-        mount = Mount(root, f"s3://test/{prefix}", "-o", f"endpoint_url={endpoint}",
+        mount = Mount(root, f"s3://test/{prefix}", "-o", f"endpoint_url={endpoint}", *options,
                       env={**os.environ, **SERIAL_DIROPS} if kind == "rucio-fs-serial" else None)
         try:
             yield mount.path
@@ -210,7 +266,8 @@ def s3_peer_mount(kind: str, env: dict, prefix: str, root: Path,
                          "RCLONE_CONFIG_S3_SECRET_ACCESS_KEY": env["AWS_SECRET_ACCESS_KEY"],
                          "RCLONE_CONFIG_S3_ENV_AUTH": "false"})
         subprocess.run(["rclone", "mount", f"s3:test/{prefix}", str(path), "--daemon",
-                        "--use-server-modtime"], check=True, env=peer_env)
+                        *([] if keep_times else ["--use-server-modtime"])],
+                       check=True, env=peer_env)
     deadline = time.monotonic() + 20
     while not os.path.ismount(path) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -8,7 +8,9 @@ the core caches, coalesces, measures and maps errors for every backend the same 
 Contract for implementers:
 
 * ``list(path)`` yields the entries of a directory **with their attributes**; the core never
-  calls ``stat`` per listed entry. A listing that cannot be completed raises (typically
+  calls ``stat`` per listed entry (an entry marked incomplete, whose stored attributes the
+  listing could not carry, is asked for by ``stat`` when its name is looked up on its own).
+  A listing that cannot be completed raises (typically
   :class:`~rucio_fs.errors.Unavailable`); it never ends early with a shorter result.
 * ``read(handle, offset, size)`` returns exactly ``size`` bytes (the core never asks past the
   end of the file; fewer bytes is an error it reports, never a short file),
@@ -34,16 +36,19 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
-from .errors import NotFound, NotPermitted, NotSupported, RucioFsError, Unconfirmed
+from .errors import NotFound, NotSupported, RucioFsError, Unconfirmed
 from .identity import CallerCredentials
 
 
 class Kind(enum.Enum):
     FILE = "file"
     DIR = "dir"
+    #: A symbolic link: its ``size`` is the length of its target in bytes (read with
+    #: :meth:`Backend.readlink`).
+    SYMLINK = "symlink"
 
 
 class Capability(enum.Flag):
@@ -57,6 +62,55 @@ class Capability(enum.Flag):
     SETXATTR = enum.auto()
     #: ``truncate`` in place; without it the core rewrites the file.
     TRUNCATE = enum.auto()
+    #: Symbolic links: :meth:`Backend.symlink` and :meth:`Backend.readlink`.
+    SYMLINK = enum.auto()
+
+
+@dataclass(frozen=True, slots=True)
+class Attributes:
+    """POSIX attributes set through the mount (``chmod``, ``chown``, ``utimens``). ``None``
+    leaves one as it is (on a new file: as the backend makes it). ``mode`` is the permission
+    bits only (``0o7777``); ``mtime_ns`` nanoseconds since the epoch."""
+
+    mtime_ns: int | None = None
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+
+    def __bool__(self) -> bool:
+        return not (self.mtime_ns is None and self.mode is None and self.uid is None
+                    and self.gid is None)
+
+    def then(self, later: Attributes) -> Attributes:
+        """These attributes with ``later``'s set ones laid over them."""
+        return Attributes(
+            self.mtime_ns if later.mtime_ns is None else later.mtime_ns,
+            self.mode if later.mode is None else later.mode,
+            self.uid if later.uid is None else later.uid,
+            self.gid if later.gid is None else later.gid)
+
+    def missing_from(self, entry: Entry) -> Attributes:
+        """Those of these attributes that ``entry`` does not show (what a backend could not
+        store)."""
+        return Attributes(
+            None if self.mtime_ns is None or self.mtime_ns == entry.mtime_ns else self.mtime_ns,
+            None if self.mode is None or self.mode == entry.mode else self.mode,
+            None if self.uid is None or self.uid == entry.uid else self.uid,
+            None if self.gid is None or self.gid == entry.gid else self.gid)
+
+    def applied_to(self, entry: Entry) -> Entry:
+        """``entry`` showing these attributes."""
+        if not self:
+            return entry
+        return replace(entry,
+                       mtime_ns=entry.mtime_ns if self.mtime_ns is None else self.mtime_ns,
+                       mode=entry.mode if self.mode is None else self.mode,
+                       uid=entry.uid if self.uid is None else self.uid,
+                       gid=entry.gid if self.gid is None else self.gid)
+
+
+#: No attribute set.
+NO_ATTRIBUTES = Attributes()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +122,10 @@ class Entry:
     kernel page cache are keyed on it, so a changed file is never served from stale blocks.
     ``immutable`` promises the content of this path never changes (Rucio files): its
     attributes and data may be cached for the long immutable TTL. ``mode`` is the permission
-    bits the catalog grants the mounting user (``None``: the core's defaults, 0644/0755 on
-    read-write mounts); a read-only mount never shows write bits.
+    bits (``0o7777``) stored with the object or that the catalog grants the mounting user
+    (``None``: the core's defaults, 0644/0755, 0777 for a symlink); a read-only mount never
+    shows write bits. ``uid``/``gid`` are the owner stored with the object (``None``: the
+    mount's owner).
     """
 
     name: str
@@ -81,10 +137,20 @@ class Entry:
     version: str = ""
     metadata: Mapping[str, str] = field(default_factory=dict)
     mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    #: False for a listed entry whose stored attributes (kind, time, mode, owner) the
+    #: listing could not show (S3: ListObjectsV2 carries no user metadata): it shows the
+    #: server's own time and the defaults, and a lookup of its name asks ``stat``.
+    complete: bool = True
 
     @property
     def is_dir(self) -> bool:
         return self.kind is Kind.DIR
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.kind is Kind.SYMLINK
 
 
 def content_version(entry: Entry) -> str:
@@ -97,7 +163,8 @@ def same_attributes(a: Entry, b: Entry) -> bool:
     """Whether ``a`` and ``b`` show the same file: kind, size, time, mode and content version
     (what a reply's attributes and the caches depend on). Cheaper than ``==``."""
     return (a.size == b.size and a.mtime_ns == b.mtime_ns and a.version == b.version
-            and a.kind is b.kind and a.mode == b.mode and a.immutable == b.immutable)
+            and a.kind is b.kind and a.mode == b.mode and a.immutable == b.immutable
+            and a.uid == b.uid and a.gid == b.gid and a.complete == b.complete)
 
 
 #: The longest file name, in bytes, Linux accepts (``statfs`` says so as ``f_namemax``).
@@ -298,8 +365,10 @@ class Backend(ABC):
     #: uploads it again).
     atomic_uploads: ClassVar[bool] = True
 
-    async def put(self, path: str, data: bytes) -> Entry:
-        """Replace (or create) file ``path`` with ``data``; returns its new entry."""
+    async def put(self, path: str, data: bytes, attributes: Attributes = NO_ATTRIBUTES
+                  ) -> Entry:
+        """Replace (or create) file ``path`` with ``data`` and the set ``attributes`` (what
+        the backend stores of them: see :meth:`set_attributes`); returns its new entry."""
         raise NotSupported(f"{self.scheme}: writing is not supported")
 
     async def confirm(self, path: str, expected: Entry) -> Entry:
@@ -313,11 +382,14 @@ class Backend(ABC):
             raise Unconfirmed(f"{path}: not on the server after the upload") from None
         return check_confirmed(path, stored, expected)
 
-    async def begin_upload(self, path: str) -> Upload:
-        """Start replacing (or creating) file ``path`` part by part."""
+    async def begin_upload(self, path: str, attributes: Attributes = NO_ATTRIBUTES) -> Upload:
+        """Start replacing (or creating) file ``path`` part by part; the committed file has
+        the set ``attributes`` (as :meth:`put`)."""
         raise NotSupported(f"{self.scheme}: writing is not supported")
 
-    async def mkdir(self, path: str) -> Entry:
+    async def mkdir(self, path: str, attributes: Attributes = NO_ATTRIBUTES) -> Entry:
+        """Make directory ``path`` with what the catalog stores of the set ``attributes``
+        (as :meth:`set_attributes`: the returned entry shows what it stored)."""
         raise NotSupported(f"{self.scheme}: mkdir is not supported")
 
     async def unlink(self, path: str) -> None:
@@ -359,10 +431,22 @@ class Backend(ABC):
         """Cut or extend (with zeros) file ``path`` to ``size`` (``Capability.TRUNCATE``)."""
         raise NotSupported(f"{self.scheme}: truncate is not supported")
 
-    async def set_mtime(self, path: str, entry: Entry, mtime_ns: int, now: bool) -> Entry:
-        """Set the modification time (``now``: the caller asked for the current time).
-        NotPermitted when the catalog cannot store that time."""
-        raise NotPermitted(f"{self.scheme}: modification times cannot be set")
+    async def set_attributes(self, path: str, entry: Entry, attributes: Attributes) -> Entry:
+        """Store the set ``attributes`` of ``path`` (a file, directory or symlink, currently
+        ``entry``); returns its new entry. An attribute the catalog cannot keep for this
+        path is simply not shown by the returned entry: the core keeps it for the mount's
+        life instead (docs/semantics.md), so a plain ``cp -a`` never fails on it. Never
+        changes the content. By default nothing is stored."""
+        return entry
+
+    async def symlink(self, path: str, target: str) -> Entry:
+        """Create symbolic link ``path`` whose target is ``target``, stored as given (never
+        resolved) (``Capability.SYMLINK``); AlreadyExists when ``path`` exists."""
+        raise NotSupported(f"{self.scheme}: symbolic links are not supported")
+
+    async def readlink(self, path: str, entry: Entry) -> str:
+        """The target of symbolic link ``path`` (``entry``)."""
+        raise NotSupported(f"{self.scheme}: symbolic links are not supported")
 
     async def set_xattr(self, path: str, entry: Entry, name: str, value: bytes | None) -> Entry:
         """Set (``value`` None: remove) extended attribute ``name`` (without ``user.``).

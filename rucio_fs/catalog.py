@@ -18,13 +18,23 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from .accounting import BackendCalls
-from .backend import Backend, Capability, Entry, FsUsage, Kind, Upload, content_version
+from .backend import (
+    NO_ATTRIBUTES,
+    Attributes,
+    Backend,
+    Capability,
+    Entry,
+    FsUsage,
+    Kind,
+    Upload,
+    content_version,
+)
 from .background import start_guarded
 from .caches import CacheLayer, EqualEntries, Listing, ttl_cache
 from .config import MountConfig
@@ -173,6 +183,9 @@ class Catalog:
         #: Until when (monotonic) names count as being made on this mount (a lookup lately
         #: found nothing on the server): meanwhile an uncached lookup lists its directory.
         self._making_names_until = 0.0
+        #: Attributes set through the mount that the backend could not store, kept for the
+        #: mount's life and shown over what the backend says: directory -> name -> them.
+        self._kept: dict[str, dict[str, Attributes]] = {}
         #: Directories too big to list for a lookup, or whose listing failed: lookups there
         #: stat (remembered for the listing TTL).
         self._unlistable = ttl_cache(1024, lambda _x: config.listing_ttl)
@@ -196,8 +209,10 @@ class Catalog:
                 raise InvalidInput(f"--data-proxy: {exc}") from None
         backend.use_caches(config.metadata)
 
-    async def stat(self, path: str) -> Entry:
+    async def stat(self, path: str, complete: bool = True) -> Entry:
         """Attributes of ``path``: metadata cache, then the parent's cached listing, then stat.
+        ``complete`` False: its existence and kind are all the caller needs, which an
+        incomplete listed entry (:attr:`Entry.complete`) shows as well.
 
         On a mount that creates names, once a lookup lately found nothing (names are being
         created: ``cp -r``, untar, mdtest), an uncached lookup lists the parent once instead
@@ -207,6 +222,7 @@ class Catalog:
         creation was never sent (async write-back), a name the overlay does not have does
         not exist: nothing is asked."""
         entry = self.overlay.entry(path)
+        listed: Entry | None = None
         if entry is None:
             if self.overlay.hides(path):
                 raise NotFound(path)
@@ -224,6 +240,10 @@ class Catalog:
                 entry = listing.by_name.get(name)
                 if entry is None and self.backend.lists_everything(parent):
                     entry = _MISSING
+                elif entry is not None and not entry.complete and complete:
+                    # A name looked up on its own (`stat`, `git status`, `rsync`) shows what
+                    # is stored with it, which this listing could not carry.
+                    listed, entry = entry, None
         if entry is None and self.shared is not None:
             found, shared = await self.shared.get_entry(path)
             if found:
@@ -232,6 +252,11 @@ class Catalog:
         if entry is None:
             try:
                 entry = await self.calls.shared("stat", path, lambda: self.backend.stat(path))
+            except Unavailable:
+                if listed is None:
+                    raise
+                # The server cannot be asked now: the name is as its listing shows it.
+                return self._with_kept(path, listed)
             except NotFound:
                 self.metadata.put(path, _MISSING)
                 if self.makes_names:
@@ -240,9 +265,10 @@ class Catalog:
                 raise
             self.metadata.put(path, entry)
             await self._share_entry(path, entry)
+            self._complete_listed(path, entry)
         if entry is _MISSING:
             raise NotFound(path)
-        return entry
+        return self._with_kept(path, entry)
 
     async def list(self, path: str) -> Listing:
         """The listing of directory ``path``: cached and complete, or still filling (then it
@@ -345,10 +371,13 @@ class Catalog:
         async def from_backend(sink: Sink) -> None:
             async def fetch() -> None:
                 equal = self.equal_entries
+                kept = self._kept.get(path)
                 with self._unless_made_here(path):
                     async for entry in self.backend.list(path):
                         if fill.listing is not None and entry.name in fill.changes:
                             continue  # changed here meanwhile: the listing has it already
+                        if kept is not None and entry.name in kept:
+                            entry = kept[entry.name].applied_to(entry)
                         sink(entry if equal is None else equal(path, entry))
 
             await self.calls.timed("list", fetch)
@@ -384,6 +413,10 @@ class Catalog:
             listing.remove(name)
         for entry in self.overlay.children(path):
             listing.upsert(entry)
+        for name, kept in self._kept.get(path, {}).items():
+            entry = listing.by_name.get(name)
+            if entry is not None:
+                listing.upsert(kept.applied_to(entry))
         if listing.rejected:
             self.stats.events["listing_names_rejected"] += listing.rejected
             log.warning("%s: %d entries with unusable or duplicate names left out",
@@ -459,14 +492,17 @@ class Catalog:
 
     # -- changes: each one backend call, timed and counted, then the caches learn it -----------
 
-    async def mkdir(self, path: str) -> Entry:
-        entry = await self.calls.timed("mkdir", lambda: self.backend.mkdir(path))
+    async def mkdir(self, path: str, attributes: Attributes = NO_ATTRIBUTES) -> Entry:
+        entry = await self.calls.timed("mkdir", lambda: self.backend.mkdir(path, attributes))
+        self.keep(path, attributes.missing_from(entry))
         self.new_directory(path, entry)
-        return entry
+        return self._with_kept(path, entry)
 
-    async def make_directory(self, path: str) -> None:
-        """Make ``path`` on the server only (the caches know already: queued write-back)."""
-        await self.calls.timed("mkdir", lambda: self.backend.mkdir(path))
+    async def make_directory(self, path: str, attributes: Attributes = NO_ATTRIBUTES) -> None:
+        """Make ``path`` on the server only (the caches know already: queued write-back);
+        what the backend does not store of ``attributes`` is kept (:meth:`keep`)."""
+        entry = await self.calls.timed("mkdir", lambda: self.backend.mkdir(path, attributes))
+        self.stored_attributes(path, attributes, entry)
 
     async def remove_many(self, items: Sequence[tuple[str, Kind]]) -> dict[str, RucioFsError]:
         """Remove files and empty directories on the server only (the caches know already:
@@ -487,6 +523,7 @@ class Catalog:
 
     async def rename(self, old: str, new: str, entry: Entry) -> Entry:
         moved = await self.calls.timed("rename", lambda: self.backend.rename(old, new, entry))
+        self.moved(old, new)
         self.note_entry(old, None)
         if entry.is_dir:
             self.forget_tree(old)
@@ -499,11 +536,99 @@ class Catalog:
         self.note_entry(path, entry)
         return entry
 
-    async def set_mtime(self, path: str, entry: Entry, mtime_ns: int, now: bool) -> Entry:
+    async def set_attributes(self, path: str, entry: Entry, attributes: Attributes) -> Entry:
+        """Store ``attributes`` of ``path`` (currently ``entry``); those the backend cannot
+        store are kept for the mount's life (:meth:`keep`). Returns the new entry."""
         new = await self.calls.timed(
-            "set_mtime", lambda: self.backend.set_mtime(path, entry, mtime_ns, now))
+            "set_attributes", lambda: self.backend.set_attributes(path, entry, attributes))
+        self.stored_attributes(path, attributes, new)
         self.note_entry(path, new)
-        return new
+        return self._with_kept(path, new)
+
+    def stored_attributes(self, path: str, wanted: Attributes, entry: Entry) -> None:
+        """The backend was asked to store ``wanted`` and now shows ``entry``: what it stored
+        is its own again, what it could not is kept here (:meth:`keep`)."""
+        self._unkeep(path, wanted)
+        self.keep(path, wanted.missing_from(entry))
+
+    def keep(self, path: str, attributes: Attributes) -> None:
+        """Show ``attributes`` of ``path`` over what the backend says for the mount's life
+        (or until ``path`` is removed): attributes set here that the backend cannot store."""
+        if not attributes:
+            return
+        parent, name = split_path(path)
+        names = self._kept.setdefault(parent, {})
+        names[name] = names.get(name, NO_ATTRIBUTES).then(attributes)
+        for layer_entry in (self.metadata.peek(path),):
+            if layer_entry is not None and layer_entry is not _MISSING:
+                self.metadata.put(path, attributes.applied_to(layer_entry))
+        listing = self.listing.peek(parent)
+        if listing is not None and name in listing.by_name:
+            listing.upsert(attributes.applied_to(listing.by_name[name]))
+
+    def _unkeep(self, path: str, attributes: Attributes) -> None:
+        """Keep none of the attributes ``attributes`` sets for ``path`` any more (those set
+        to another value since are still kept)."""
+        parent, name = split_path(path)
+        kept = self._kept.get(parent, {}).get(name)
+        if kept is None:
+            return
+        left = Attributes(*(None if new is not None and new == old else old for new, old in (
+            (attributes.mtime_ns, kept.mtime_ns), (attributes.mode, kept.mode),
+            (attributes.uid, kept.uid), (attributes.gid, kept.gid))))
+        if left:
+            self._kept[parent][name] = left
+        else:
+            self._drop_kept(path)
+
+    def _complete_listed(self, path: str, entry: Entry) -> None:
+        """``stat`` found ``entry``: the parent's cached listing, where it shows the name
+        without its stored attributes, shows them from now on."""
+        parent, name = split_path(path)
+        listing = self.listing.peek(parent)
+        listed = listing.by_name.get(name) if listing is not None else None
+        if listed is not None and not listed.complete:
+            listing.upsert(self._with_kept(path, replace(entry, name=name)))
+
+    def kept(self, path: str) -> Attributes:
+        """The attributes kept for ``path`` by :meth:`keep` (none: ``NO_ATTRIBUTES``)."""
+        parent, name = split_path(path)
+        return self._kept.get(parent, {}).get(name, NO_ATTRIBUTES)
+
+    def _with_kept(self, path: str, entry: Entry) -> Entry:
+        if not self._kept:
+            return entry
+        return self.kept(path).applied_to(entry)
+
+    def _move_kept(self, old: str, new: str) -> None:
+        """Kept attributes follow a rename (of ``old`` and, for a directory, below it)."""
+        if not self._kept:
+            return
+        old_parent, old_name = split_path(old)
+        moved = self._kept.get(old_parent, {}).pop(old_name, None)
+        below = old + "/"
+        for directory in [d for d in self._kept if d == old or d.startswith(below)]:
+            self._kept[new + directory[len(old):]] = self._kept.pop(directory)
+        self._drop_kept(new)
+        if moved is not None:
+            new_parent, new_name = split_path(new)
+            self._kept.setdefault(new_parent, {})[new_name] = moved
+
+    def _drop_kept(self, path: str) -> None:
+        parent, name = split_path(path)
+        names = self._kept.get(parent)
+        if names is not None:
+            names.pop(name, None)
+            if not names:
+                del self._kept[parent]
+
+    async def symlink(self, path: str, target: str) -> Entry:
+        entry = await self.calls.timed("symlink", lambda: self.backend.symlink(path, target))
+        self.note_entry(path, entry)
+        return entry
+
+    async def readlink(self, path: str, entry: Entry) -> str:
+        return await self.calls.timed("readlink", lambda: self.backend.readlink(path, entry))
 
     async def set_xattr(self, path: str, entry: Entry, name: str, value: bytes | None) -> Entry:
         new = await self.calls.timed(
@@ -513,11 +638,13 @@ class Catalog:
 
     # -- uploads ----------------------------------------------------------------------------
 
-    async def put(self, path: str, data: bytes) -> Entry:
-        return await self.calls.timed("put", lambda: self.backend.put(path, data))
+    async def put(self, path: str, data: bytes, attributes: Attributes = NO_ATTRIBUTES
+                  ) -> Entry:
+        return await self.calls.timed("put", lambda: self.backend.put(path, data, attributes))
 
-    async def begin_upload(self, path: str) -> Upload:
-        return await self.calls.timed("begin_upload", lambda: self.backend.begin_upload(path))
+    async def begin_upload(self, path: str, attributes: Attributes = NO_ATTRIBUTES) -> Upload:
+        return await self.calls.timed("begin_upload",
+                                      lambda: self.backend.begin_upload(path, attributes))
 
     async def write_part(self, upload: Upload, number: int, offset: int, data: bytes) -> None:
         await self.calls.timed("write_part", lambda: upload.write_part(number, offset, data))
@@ -533,10 +660,31 @@ class Catalog:
 
     # -- changes made through this mount --------------------------------------------------------
 
+    def directory_changed(self, path: str, mtime_ns: int) -> None:
+        """Names in directory ``path`` changed through this mount: its cached entries show
+        time ``mtime_ns`` (what the server shows comes with the next fetch of them)."""
+        cached = self.metadata.peek(path)
+        if cached is not None and cached is not _MISSING:
+            self.metadata.put(path, replace(cached, mtime_ns=mtime_ns))
+        if path != "/":
+            parent, name = split_path(path)
+            listing = self.listing.peek(parent)
+            if listing is not None and name in listing.by_name:
+                listing.upsert(replace(listing.by_name[name], mtime_ns=mtime_ns))
+
+    def moved(self, old: str, new: str) -> None:
+        """``old`` was renamed to ``new`` through this mount: what is kept of it follows."""
+        self._move_kept(old, new)
+
     def note_entry(self, path: str, entry: Entry | None) -> None:
         """``path`` now is ``entry`` (None: gone) after a change made through this mount: the
         metadata layer and the parent's listing, cached or being fetched, learn it without
-        asking the backend."""
+        asking the backend (with the attributes kept for it)."""
+        if entry is None:
+            if self._kept:
+                self._drop_kept(path)
+        else:
+            entry = self._with_kept(path, entry)
         parent, name = split_path(path)
         listing = self.listing.peek(parent)
         for fill in self._fills.get(parent, ()):

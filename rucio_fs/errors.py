@@ -84,8 +84,20 @@ class CrossDevice(RucioFsError):
     errno = errno.EXDEV
 
 
+class NoSpace(RucioFsError):
+    """No room left where the data must go (the staging disk, the server's storage)."""
+
+    errno = errno.ENOSPC
+
+
+class QuotaExceeded(RucioFsError):
+    """The server refuses the data: the user's or the collection's quota is spent."""
+
+    errno = errno.EDQUOT
+
+
 class NotPermitted(RucioFsError):
-    """An attribute change the catalog cannot store (mode, owner, an arbitrary mtime)."""
+    """An operation this mount never does (a hard link), or a read-only attribute."""
 
     errno = errno.EPERM
 

@@ -17,7 +17,7 @@ import select
 import stat
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -26,6 +26,7 @@ from cachetools import LRUCache
 
 from .backend import (
     NAME_MAX,
+    Attributes,
     Capability,
     Entry,
     FsUsage,
@@ -42,6 +43,7 @@ from .datapath import ReadStream
 from .errors import (
     AlreadyExists,
     IntegrityError,
+    InvalidInput,
     IsADirectory,
     NoCredentials,
     NotADirectory,
@@ -97,6 +99,14 @@ def fuse_op(fn: F) -> F:
             code = exc.errno
             if code != errno.ENOENT and not isinstance(exc, NoCredentials):
                 log.warning("%s failed: %s", name, exc)
+            raise pyfuse3.FUSEError(code) from None
+        except OSError as exc:
+            if exc.errno not in LOCAL_ERRNOS:
+                code = errno.EIO
+                log.exception("%s failed unexpectedly", name)
+                raise pyfuse3.FUSEError(errno.EIO) from None
+            code = exc.errno
+            log.warning("%s failed: the staging directory: %s", name, exc)
             raise pyfuse3.FUSEError(code) from None
         except Exception:
             code = errno.EIO
@@ -171,8 +181,9 @@ async def _not_implemented(*_args: Any) -> None:
     raise pyfuse3.FUSEError(errno.ENOSYS)
 
 
-#: Times within this many nanoseconds of the clock count as "now" (``touch``).
-NOW_SLACK_NS = 2_000_000_000
+#: Errors of the local staging disk that reach the caller as they are: a full disk is
+#: ENOSPC, so that the user can tell what to fix (anything else there is EIO).
+LOCAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class RucioFs(pyfuse3.Operations):
@@ -290,12 +301,15 @@ class RucioFs(pyfuse3.Operations):
                 perm = 0o755 if entry.mode is None else entry.mode
                 attrs.st_mode = stat.S_IFDIR | self._shown_mode(perm, 0o777)
                 attrs.st_nlink = 2
+            elif entry.is_symlink:
+                attrs.st_mode = stat.S_IFLNK | 0o777
+                attrs.st_nlink = 1
             else:
                 perm = 0o644 if entry.mode is None else entry.mode
                 attrs.st_mode = stat.S_IFREG | self._shown_mode(perm, 0o666)
                 attrs.st_nlink = 1
-            attrs.st_uid = self.uid
-            attrs.st_gid = self.gid
+            attrs.st_uid = self.uid if entry.uid is None else entry.uid
+            attrs.st_gid = self.gid if entry.gid is None else entry.gid
             attrs.st_size = entry.size
             attrs.st_blksize = self.config.block_size
             attrs.st_blocks = (entry.size + 511) // 512
@@ -628,8 +642,18 @@ class RucioFs(pyfuse3.Operations):
         return parent, text, child_path(parent.path, text)
 
     async def _entry_of(self, path: str) -> Entry:
+        """What ``path`` is (a namespace change needs its existence and kind)."""
         dirty = self._dirty(path)
-        return dirty.entry() if dirty is not None else await self.catalog.stat(path)
+        return (dirty.entry() if dirty is not None
+                else await self.catalog.stat(path, complete=False))
+
+    async def _refuse_existing(self, path: str) -> None:
+        """AlreadyExists when ``path`` names anything (here or on the server)."""
+        try:
+            await self._entry_of(path)
+        except NotFound:
+            return
+        raise AlreadyExists(path)
 
     async def _open_for_writing(self, node: Inode, flags: int) -> pyfuse3.FileInfo:
         writes = self._writeback()
@@ -692,6 +716,7 @@ class RucioFs(pyfuse3.Operations):
         dirty = writes.open(path, existing)
         try:
             if existing is None:
+                dirty.attributes = Attributes(mode=stat.S_IMODE(mode))
                 self.catalog.note_entry(path, dirty.entry())
             elif flags & os.O_TRUNC:
                 await dirty.truncate(0)
@@ -700,6 +725,7 @@ class RucioFs(pyfuse3.Operations):
             raise
         node = self.inodes.lookup(parent, text, dirty.entry(), time.monotonic())
         node.cached_version = INVALID
+        self._names_changed(parent)
         return self._dirty_handle(node, dirty, writer=True), self._attrs(node)
 
     @fuse_op
@@ -774,18 +800,44 @@ class RucioFs(pyfuse3.Operations):
                       ctx: Any) -> Any:
         node = self._inode(inode)
         entry = await self._revalidate(node)
-        shown = self._attrs(node)
-        if ((fields.update_uid and attr.st_uid != shown.st_uid)
-                or (fields.update_gid and attr.st_gid != shown.st_gid)):
-            raise NotPermitted(f"{node.path}: owners cannot be changed here")
-        if fields.update_mode and stat.S_IMODE(attr.st_mode) != stat.S_IMODE(shown.st_mode):
-            raise NotPermitted(f"{node.path}: permissions cannot be changed here")
         if fields.update_size:
             await self._truncate(node, entry, attr.st_size)
-        if fields.update_mtime or fields.update_atime:
-            await self._set_times(node, attr, fields)
+        change = Attributes(
+            mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+            mode=stat.S_IMODE(attr.st_mode) if fields.update_mode else None,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None)
+        # (atime is not kept: it shows the mtime, and setting it alone changes nothing)
+        if change:
+            await self._set_attributes(node, change)
         await self._revalidate(node)
         return self._attrs(node)
+
+    async def _set_attributes(self, node: Inode, change: Attributes) -> None:
+        """Store ``change`` (pending content: with its upload; else on the server, or kept
+        for the mount's life where the backend cannot store it)."""
+        self._writeback()
+        dirty = self._dirty_of(node)
+        if dirty is not None:
+            async with dirty.lock:  # not while its upload is on its way
+                if dirty.dirty and not dirty.unlinked:
+                    dirty.set_attributes(change)
+                    return
+        if _removed(node):
+            raise NotFound(f"{node.path}: removed")
+        writes = self.writes
+        if writes is not None and writes.asynchronous:
+            # Stored after what is queued on the path, above it and below it (a catalog may
+            # change a directory's time as names change in it; `rsync -a` sets it last).
+            await writes.queue.room()
+            writes.queue_attributes(node.path, change)
+            node.entry, node.attrs = change.applied_to(node.entry), None
+            return
+        entry = await self._revalidate(node)
+        new = await self.catalog.set_attributes(node.path, entry, change)
+        if dirty is not None and not dirty.dirty:  # open, unchanged: it is the stored file
+            dirty.base = new
+        self._changed(node, new)
 
     async def _truncate(self, node: Inode, entry: Entry, size: int) -> None:
         if entry.is_dir:
@@ -811,26 +863,13 @@ class RucioFs(pyfuse3.Operations):
         if dirty.base is not None:
             self._changed(node, dirty.base)
 
-    async def _set_times(self, node: Inode, attr: Any, fields: Any) -> None:
-        now_ns = time.time_ns()
-        if fields.update_mtime:
-            mtime, is_now = attr.st_mtime_ns, abs(attr.st_mtime_ns - now_ns) < NOW_SLACK_NS
-        else:  # atime is not stored: only "now" is true of it
-            mtime, is_now = attr.st_atime_ns, abs(attr.st_atime_ns - now_ns) < NOW_SLACK_NS
-            if is_now:
-                return
-        dirty = self._dirty_of(node)
-        if dirty is None and _removed(node):
-            raise NotFound(f"{node.path}: removed")
-        if dirty is not None or node.entry.is_dir or not fields.update_mtime:
-            # Pending content gets the upload's time; directories have no stored time.
-            if not is_now:
-                raise NotPermitted(f"{node.path}: this time cannot be stored here")
-            if dirty is not None:
-                dirty.set_mtime(now_ns)
-            return
-        await self._settled(node.path)
-        self._changed(node, await self.catalog.set_mtime(node.path, node.entry, mtime, is_now))
+    def _names_changed(self, directory: Inode) -> None:
+        """Names in ``directory`` changed through the mount: its time is now, as on a local
+        disk (``rsync -a`` sets a directory's time last only when it sees it changed; a
+        catalog may have moved it too)."""
+        now = time.time_ns()
+        directory.entry, directory.attrs = replace(directory.entry, mtime_ns=now), None
+        self.catalog.directory_changed(directory.path, now)
 
     def _changed(self, node: Inode, entry: Entry) -> None:
         """``node`` now is ``entry`` after a change made through the mount (the catalog's
@@ -844,18 +883,39 @@ class RucioFs(pyfuse3.Operations):
         self._need(Capability.MKDIR, "create directories")
         writes = self._writeback()
         if writes.asynchronous:
-            try:
-                await self._entry_of(path)
-            except NotFound:
-                pass
-            else:
-                raise AlreadyExists(path)
-            entry = Entry(name=text, kind=Kind.DIR, mtime_ns=time.time_ns())
+            await self._refuse_existing(path)
+            entry = Entry(name=text, kind=Kind.DIR, mtime_ns=time.time_ns(),
+                          mode=stat.S_IMODE(mode))
             await writes.queue.room()
             writes.queue_mkdir(path, entry)
         else:
-            entry = await self.catalog.mkdir(path)
+            entry = await self.catalog.mkdir(path, Attributes(mode=stat.S_IMODE(mode)))
+        self._names_changed(parent)
         return self._attrs(self.inodes.lookup(parent, text, entry, time.monotonic()))
+
+    @fuse_op
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
+        parent, text, path = self._child(parent_inode, name)
+        self._need(Capability.SYMLINK, "make symbolic links")
+        await self._refuse_existing(path)
+        writes = self.writes
+        if writes is not None and writes.asynchronous:
+            await writes.settle_up_to(path)  # a queued removal of the name, its parents' mkdir
+        entry = await self.catalog.symlink(path, os.fsdecode(target))
+        self._names_changed(parent)
+        return self._attrs(self.inodes.lookup(parent, text, entry, time.monotonic()))
+
+    @fuse_op
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        node = self._inode(inode)
+        entry = await self._revalidate(node)
+        if not entry.is_symlink:
+            raise InvalidInput(f"{node.path}: not a symbolic link")
+        return os.fsencode(await self.catalog.readlink(node.path, entry))
+
+    @fuse_op
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
+        raise NotPermitted("hard links cannot be made here")
 
     @fuse_op
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -874,6 +934,7 @@ class RucioFs(pyfuse3.Operations):
         else:
             await self.catalog.unlink(path, on_server=on_server)
         self.inodes.detach(parent, text)
+        self._names_changed(parent)
 
     @fuse_op
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -901,6 +962,7 @@ class RucioFs(pyfuse3.Operations):
         else:
             await self.catalog.rmdir(path)
         self.inodes.detach(parent, text)
+        self._names_changed(parent)
 
     @fuse_op
     async def rename(self, parent_inode_old: int, name_old: bytes, parent_inode_new: int,
@@ -937,6 +999,7 @@ class RucioFs(pyfuse3.Operations):
                     # Never uploaded: the move is the mount's own business until the upload.
                     await writes.renamed(old, new)
                     new_entry = dirty.entry()
+                    self.catalog.moved(old, new)
                     self.catalog.note_entry(old, None)
                     self.catalog.note_entry(new, new_entry)
         if not local_only:
@@ -946,6 +1009,8 @@ class RucioFs(pyfuse3.Operations):
             new_entry = await self.catalog.rename(old, new, entry)
             await writes.renamed(old, new)
         self.inodes.move(old_parent, old_name, new_parent, new_name)
+        self._names_changed(old_parent)
+        self._names_changed(new_parent)
         node = new_parent.children.get(new_name)
         if node is not None and self._dirty(new) is None:
             node.entry, node.attrs, node.fetched_at = new_entry, None, time.monotonic()

@@ -76,23 +76,34 @@ return 0
 def encode_chunk(entries: Sequence[Entry]) -> dict[str, Any]:
     """Entries as columns, a list per attribute (10,000 Rucio entries: 4.6 ms to encode and
     write, 17 ms to parse and rebuild with orjson; a list per entry took twice as long)."""
-    return {"name": [e.name for e in entries], "dir": [int(e.is_dir) for e in entries],
+    return {"name": [e.name for e in entries], "dir": [_KIND_CODES[e.kind] for e in entries],
             "size": [e.size for e in entries], "mtime": [e.mtime_ns for e in entries],
             "immutable": [int(e.immutable) for e in entries],
             "version": [e.version for e in entries], "mode": [e.mode for e in entries],
             "checksums": [e.checksums for e in entries],
-            "metadata": [e.metadata for e in entries]}
+            "metadata": [e.metadata for e in entries],
+            "uid": [e.uid for e in entries], "gid": [e.gid for e in entries],
+            "complete": [int(e.complete) for e in entries]}
 
 
 def decode_chunk(columns: dict[str, Any]) -> list[Entry]:
     """The entries of :func:`encode_chunk`; ValueError, TypeError or KeyError when malformed."""
+    unset = [None] * len(columns["name"])
     rows = zip(columns["name"], columns["dir"], columns["size"], columns["mtime"],
                columns["checksums"], columns["immutable"], columns["version"],
-               columns["metadata"], columns["mode"], strict=True)
-    file, directory = Kind.FILE, Kind.DIR
-    return [Entry(name, directory if is_dir else file, size, mtime_ns, sums or {},
-                  bool(immutable), version, meta or {}, mode)
-            for name, is_dir, size, mtime_ns, sums, immutable, version, meta, mode in rows]
+               columns["metadata"], columns["mode"], columns.get("uid", unset),
+               columns.get("gid", unset), columns.get("complete", [1] * len(unset)),
+               strict=True)
+    kinds = _KINDS
+    return [Entry(name, kinds[kind], size, mtime_ns, sums or {}, bool(immutable), version,
+                  meta or {}, mode, uid, gid, bool(complete))
+            for name, kind, size, mtime_ns, sums, immutable, version, meta, mode, uid, gid,
+            complete in rows]
+
+
+#: How a chunk's ``dir`` column names each kind (0 and 1: file and directory, as ever).
+_KIND_CODES = {Kind.FILE: 0, Kind.DIR: 1, Kind.SYMLINK: 2}
+_KINDS = {code: kind for kind, code in _KIND_CODES.items()}
 
 
 def _dumps(value: Any) -> bytes:

@@ -3,32 +3,36 @@
 Contract:
 
 * An :class:`Op` carries out one journal record: ``put`` (upload a closed file's staged
-  content), ``mkdir``, ``unlink`` or ``rmdir``. Ops run concurrently, at most
-  ``parallelism`` at a time, except that an op waits for every earlier op on an overlapping
-  path (the same path, one above it or one below it): a file's upload waits for the ``mkdir``
-  of its directory, a directory's removal for the removals of what was in it, and a change
-  of a path for the earlier changes of it. Only the first :data:`WINDOW` ops that may be
-  ready are considered at a time, which bounds the work of each scheduling pass.
+  content), ``mkdir``, ``unlink``, ``rmdir`` or ``attrs`` (store attributes set on a path
+  with no pending content: a directory's times once what was queued in it is there). Ops run
+  concurrently, at most ``parallelism`` at a time, except that an op waits for every earlier
+  op on an overlapping path (the same path, one above it or one below it): a file's upload
+  waits for the ``mkdir`` of its directory, a directory's removal for the removals of what
+  was in it, and a change of a path for the earlier changes of it. Only the first
+  :data:`WINDOW` ops that may be ready are considered at a time, which bounds the work of
+  each scheduling pass.
 * An op waiting for its retry time (*in backoff*) is out of that window, so failing ops never
-  stall the others; it still blocks every op queued on an overlapping path. It has been tried,
-  so no earlier op on an overlapping path is queued: what it blocks is exactly the later ones
-  (unless a rename moved a queued upload meanwhile: then an earlier op may wait for it).
+  stall the others; it still blocks every op queued on an overlapping path. It has been
+  tried, so no earlier op on an overlapping path is queued: what it blocks is exactly the
+  later ones (unless a rename moved a queued upload meanwhile: then an earlier op may wait
+  for it).
 * Removals go to the backend together, at most ``Backend.remove_batch_max`` names per call
   (S3: one DeleteObjects request): while :data:`REMOVAL_BATCHES` calls are on their way, the
   removals that become ready gather for the next one.
-* A removal the server answers with NotFound, or a ``mkdir`` answered with AlreadyExists, is
-  done. An upload, or any step that fails with a transient error (unavailable, timed out,
-  unconfirmed), stays queued and is tried again with backoff (:data:`RETRY_FIRST` doubling to
-  :data:`RETRY_MAX`); the failure is logged, counted (``write_back_errors``) and kept on the
-  op until a try succeeds (``rucio-fs uploads`` shows it). An upload the server refuses
-  (permission, quota: any error but a transient one) is never dropped, as ``close`` promised
-  its content: it stays queued and listed, tried again every :data:`RETRY_REFUSED` seconds.
-  Any other error of a namespace step (permission, not empty) ends that op: it is dropped,
-  kept in :attr:`WriteQueue.failed`, and the mount's overlay forgets it, so the mount shows
-  what the server holds.
-* A try that fails with an error of any other type (a bug, an OSError of a staging file or
-  of the journal) is logged with its traceback, counted (``background_errors``) and tried
-  again like a transient failure; the queue goes on.
+* A removal the server answers with NotFound, a ``mkdir`` answered with AlreadyExists, or an
+  ``attrs`` of a path gone meanwhile, is done. An upload, or any step that fails with a
+  transient error (unavailable, timed out, unconfirmed), stays queued and is tried again
+  with backoff (:data:`RETRY_FIRST` doubling to :data:`RETRY_MAX`); the failure is logged,
+  counted (``write_back_errors``) and kept on the op until a try succeeds (``rucio-fs
+  uploads`` shows it). An upload the server refuses (permission, quota: any error but a
+  transient one) is never dropped, as ``close`` promised its content: it stays queued and
+  listed, tried again every :data:`RETRY_REFUSED` seconds. Any other error of a namespace
+  step (permission, not empty) ends that op: it is dropped, kept in
+  :attr:`WriteQueue.failed`, and the mount's overlay forgets it, so the mount shows what the
+  server holds.
+* A try that fails with an error of any other type (a bug, an OSError of a staging file or of
+  the journal) is logged with its traceback, counted (``background_errors``) and tried again
+  like a transient failure; the queue goes on.
 * :meth:`WriteQueue.wait` returns once the ops it covers (queued when it was called) are
   carried out, and starts their next try at once. It raises the error of a try that failed
   meanwhile (the op stays queued) or of an op dropped; a failure of a try before a later one
@@ -61,7 +65,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .backend import Kind
+from .backend import Attributes, Kind
 from .background import report_failure, survive
 from .errors import AlreadyExists, NotFound, RucioFsError, Unavailable
 from .journal import ancestors, overlaps
@@ -112,6 +116,8 @@ class Op:
     kind: str
     path: str
     dirty: DirtyFile | None = None
+    #: What an ``attrs`` op stores.
+    attributes: Attributes | None = None
     #: The queue's own key of the op (fixed), and the staged bytes it had when queued.
     key: int = 0
     size: int = 0
@@ -470,4 +476,5 @@ def _tried(op: Op) -> None:
 def _counts_as_done(op: Op, error: RucioFsError) -> bool:
     """A removal of a name already gone, a directory made already: the goal is reached."""
     return ((op.kind in REMOVALS and isinstance(error, NotFound))
-            or (op.kind == "mkdir" and isinstance(error, AlreadyExists)))
+            or (op.kind == "mkdir" and isinstance(error, AlreadyExists))
+            or (op.kind == "attrs" and isinstance(error, NotFound)))

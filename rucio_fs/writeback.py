@@ -51,7 +51,7 @@ import trio
 from . import background
 from . import journal as journals
 from .arena import SLOT_BYTES, Arena, read_slot
-from .backend import Entry, Kind, Upload
+from .backend import NO_ATTRIBUTES, Attributes, Entry, Kind, Upload
 from .background import start_guarded, survive
 from .budget import ByteBudget, Shares
 from .catalog import split_path
@@ -84,7 +84,8 @@ class DirtyFile:
 
     # Thousands wait in an async queue: no per-instance dict.
     __slots__ = ("_committed", "_file_slots", "_in_flight", "_next_part", "_part_error",
-                 "_parts_done", "_upload", "base", "dirty", "error", "fd", "frontier",
+                 "_parts_done", "_sent", "_upload", "attributes", "base", "dirty", "error",
+                 "fd", "frontier",
                  "generation", "in_journal", "inline", "lock", "materialized", "mtime_ns", "op",
                  "parked", "path", "size", "slot", "stage_n", "staged", "staging_path",
                  "streaming", "unlinked", "unreported", "wb", "writers")
@@ -126,6 +127,11 @@ class DirtyFile:
         self.writers = 0
         self.unlinked = False
         self.mtime_ns = time.time_ns()
+        #: Attributes set on this content (``chmod``, ``chown``, ``utimens``; a new file's
+        #: mode), which its upload carries; an explicit mtime lasts until the next write.
+        self.attributes = NO_ATTRIBUTES
+        #: The attributes the upload on its way was started with.
+        self._sent = NO_ATTRIBUTES
         self.error: str = ""
         self.lock = trio.Lock()
         self.generation = next(writeback.generations)
@@ -149,9 +155,15 @@ class DirtyFile:
         name = self.path.rpartition("/")[2]
         size = self.size if self.materialized else (self.base.size if self.base else 0)
         base = self.base or Entry(name=name, kind=Kind.FILE)
-        return replace(base, name=name, size=size, mtime_ns=self.mtime_ns, immutable=False,
-                       version=f"local:{self.generation}:{self.mtime_ns}:{size}",
-                       checksums={})
+        attributes = self.attributes
+        # (opened for writing, not written: the stored file's time)
+        mtime_ns = self.mtime_ns if self.dirty or self.base is None else base.mtime_ns
+        return replace(base, name=name, size=size, mtime_ns=mtime_ns, immutable=False,
+                       version=f"local:{self.generation}:{mtime_ns}:{size}",
+                       checksums={},
+                       mode=base.mode if attributes.mode is None else attributes.mode,
+                       uid=base.uid if attributes.uid is None else attributes.uid,
+                       gid=base.gid if attributes.gid is None else attributes.gid)
 
     def read(self, offset: int, size: int) -> bytes | None:
         """Bytes of the local content, or None while it is still the base's (read that)."""
@@ -267,8 +279,15 @@ class DirtyFile:
             self.size = size
             self._touch()
 
-    def set_mtime(self, mtime_ns: int) -> None:
-        self.mtime_ns = mtime_ns
+    def set_attributes(self, attributes: Attributes) -> None:
+        """Set attributes of the pending content; its upload carries them (and a crash
+        keeps them: the record is written again). Hold :attr:`lock`."""
+        self.attributes = self.attributes.then(attributes)
+        if attributes.mtime_ns is not None:
+            self.mtime_ns = attributes.mtime_ns
+        self.generation = next(self.wb.generations)  # shown afresh, staged afresh
+        if self.stage_n is not None:
+            self.rerecord()
 
     # -- the record of pending content ---------------------------------------------------
 
@@ -287,7 +306,8 @@ class DirtyFile:
         old, self.stage_n = self.stage_n, self.wb.journal.append({
             "op": "stage", "path": self.path, **self._location(inline is not None),
             "base": None if base is None else {"size": base.size, "version": base.version,
-                                               "mtime_ns": base.mtime_ns}}, inline)
+                                               "mtime_ns": base.mtime_ns},
+            **_attribute_fields(self.attributes)}, inline)
         self.inline = inline is not None
         if old is not None:
             self.wb.journal.done(old, carried_out=False)  # superseded by the new record
@@ -337,6 +357,8 @@ class DirtyFile:
         self.dirty = True
         self.error = ""
         self.mtime_ns = time.time_ns()
+        if self.attributes.mtime_ns is not None:  # written after `touch -d`: now, as anywhere
+            self.attributes = replace(self.attributes, mtime_ns=None)
         self.generation = next(self.wb.generations)
 
     async def _materialize(self) -> None:
@@ -386,6 +408,7 @@ class DirtyFile:
             except trio.Cancelled:
                 await self.stop_streaming("")
                 raise
+            entry = await self._store_attributes(entry)
             # The new content is stored: further writes start over from the staged file.
             self.base = replace(entry, name=self.path.rpartition("/")[2])
             self.dirty = self.streaming = False
@@ -393,6 +416,25 @@ class DirtyFile:
             self.unrecord(uploaded=True)
             self.wb.catalog.note_entry(self.path, self.base)
             return self.base
+
+    def _upload_attributes(self) -> Attributes:
+        """What the upload carries: the attributes set here, over the replaced file's own (a
+        catalog that replaces an object's metadata with its content must not lose them)."""
+        base = self.base
+        if base is None:
+            return self.attributes
+        return Attributes(mode=base.mode, uid=base.uid, gid=base.gid).then(self.attributes)
+
+    async def _store_attributes(self, entry: Entry) -> Entry:
+        """After the content is confirmed: attributes set after its upload began are stored
+        now; those the backend does not store are kept for the mount's life."""
+        catalog, wanted = self.wb.catalog, self.attributes
+        later = Attributes(*(None if new == sent else new for new, sent in zip(
+            _fields(wanted), _fields(self._sent), strict=True)))
+        if later:
+            entry = await catalog.set_attributes(self.path, entry, later)
+        catalog.stored_attributes(self.path, wanted, entry)
+        return wanted.missing_from(entry).applied_to(entry)
 
     async def _upload_content(self) -> Entry:
         catalog = self.wb.catalog
@@ -410,7 +452,9 @@ class DirtyFile:
             size = self.size
             await self.wb.part_bytes.acquire(size)
             try:
-                return await catalog.put(self.path, await self._read_content(0, size))
+                self._sent = self._upload_attributes()
+                return await catalog.put(self.path, await self._read_content(0, size),
+                                         self._sent)
             finally:
                 self.wb.part_bytes.release(size)
         return await self._finish_parts()
@@ -444,7 +488,8 @@ class DirtyFile:
                 if not final and self.size <= self.wb.catalog.single_put_max:
                     return
                 try:
-                    self._upload = await self.wb.catalog.begin_upload(self.path)
+                    self._sent = self._upload_attributes()
+                    self._upload = await self.wb.catalog.begin_upload(self.path, self._sent)
                 except RucioFsError as exc:
                     await self.stop_streaming(f"begin failed: {exc}")
                     if final:
@@ -680,8 +725,12 @@ class WriteBack:
                         named.add(os.path.basename(dirty.staging_path))
                     if "sidecar" in record:
                         sidecars.append(record["sidecar"])
+            elif record.get("op") == "attrs":
+                self.queue_attributes(record["path"], _attributes_of(record)).maybe_sent = True
             elif record.get("op") in ("mkdir", "unlink", "rmdir"):
-                entry = (Entry(name=record["path"].rpartition("/")[2], kind=Kind.DIR)
+                mode = record.get("mode")
+                entry = (Entry(name=record["path"].rpartition("/")[2], kind=Kind.DIR,
+                               mode=None if mode is None else int(mode))
                          if record["op"] == "mkdir" else None)
                 # The dead daemon may have sent it: the server may hold the directory, and
                 # names below it that others put there.
@@ -737,6 +786,9 @@ class WriteBack:
         else:  # journaled here with its content: durable at the sync that ends the adoption
             dirty = DirtyFile(self, rpath, base, staged=("", -1))
             dirty.size, dirty.in_journal = len(content), True
+        dirty.attributes = _attributes_of(record)
+        if dirty.attributes.mtime_ns is not None:
+            dirty.mtime_ns = dirty.attributes.mtime_ns
         dirty.materialized = dirty.dirty = True
         dirty.streaming = False
         dirty.error = "adopted from an earlier mount"
@@ -877,8 +929,16 @@ class WriteBack:
 
     async def carry_out(self, op: Op) -> None:
         """Carry out one queued op other than a removal (the queue batches those)."""
+        if op.kind == "attrs":
+            assert op.attributes is not None
+            entry = await self.catalog.stat(op.path)
+            await self.catalog.set_attributes(op.path, entry, op.attributes)
+            return
         if op.kind == "mkdir":
-            await self.catalog.make_directory(op.path)
+            parent, _, name = op.path.rpartition("/")
+            made = self.shadow.get(parent or "/", {}).get(name, (0, None))[1]
+            mode = made.mode if made is not None else None
+            await self.catalog.make_directory(op.path, Attributes(mode=mode))
             return
         dirty = op.dirty
         assert dirty is not None
@@ -912,6 +972,15 @@ class WriteBack:
             self.catalog.forget_listing(parent or "/")
 
     # -- namespace changes (async write-back) ----------------------------------------------
+
+    def queue_attributes(self, path: str, attributes: Attributes) -> Op:
+        """Queue storing ``attributes`` of ``path`` (which has no pending content), after
+        what is queued on it, above it and below it; the mount shows them at once."""
+        n = self.journal.append({"op": "attrs", "path": path, **_attribute_fields(attributes)})
+        op = Op(n, "attrs", path, attributes=attributes)
+        self.queue.add(op)
+        self.catalog.keep(path, attributes)
+        return op
 
     def queue_mkdir(self, path: str, entry: Entry) -> None:
         self._queue_change("mkdir", path, entry)
@@ -947,7 +1016,8 @@ class WriteBack:
         self.catalog.note_entry(path, None)
 
     def _queue_change(self, kind: str, path: str, entry: Entry | None) -> Op:
-        n = self.journal.append({"op": kind, "path": path})
+        mode = {} if entry is None or entry.mode is None else {"mode": entry.mode}
+        n = self.journal.append({"op": kind, "path": path, **mode})
         parent, _, name = path.rpartition("/")
         self.shadow.setdefault(parent or "/", {})[name] = (n, entry)
         op = Op(n, kind, path)
@@ -960,6 +1030,13 @@ class WriteBack:
         """Until every queued op on a path overlapping ``paths`` is carried out (raises the
         error of one that fails)."""
         await self.queue.wait(self.queue.covering(paths))
+
+    async def settle_up_to(self, path: str) -> None:
+        """Until every queued op on ``path`` or a directory above it is carried out (its own
+        and its parents' ``mkdir``), not those below it (raises the error of one that
+        fails)."""
+        await self.queue.wait(lambda op: op.path == path or path.startswith(
+            op.path.rstrip("/") + "/"))
 
     async def commit_now(self, dirty: DirtyFile) -> Entry | None:
         """Upload ``dirty`` now, after what is queued before it; its new entry (None:
@@ -1144,6 +1221,25 @@ class WriteBack:
         self.files.clear()
         self.journal.close()
         self.arena.close()
+
+
+_ATTRIBUTE_NAMES = ("mtime_ns", "mode", "uid", "gid")
+
+
+def _fields(attributes: Attributes) -> tuple[int | None, ...]:
+    return tuple(getattr(attributes, name) for name in _ATTRIBUTE_NAMES)
+
+
+def _attribute_fields(attributes: Attributes) -> dict[str, int]:
+    """What a ``stage`` record says of the content's set attributes."""
+    return {name: value for name, value in zip(_ATTRIBUTE_NAMES, _fields(attributes),
+                                               strict=True) if value is not None}
+
+
+def _attributes_of(record: dict) -> Attributes:
+    """The set attributes a ``stage`` record names (see :func:`_attribute_fields`)."""
+    return Attributes(*(None if record.get(name) is None else int(record[name])
+                        for name in _ATTRIBUTE_NAMES))
 
 
 def child(directory: str, name: str) -> str:

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_apt=()
-for pkg in fuse3 libfuse3-dev pkg-config attr gcc util-linux systemd patch; do
+for pkg in fuse3 libfuse3-dev pkg-config attr gcc util-linux systemd patch rsync git sqlite3 s3fs; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)

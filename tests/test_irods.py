@@ -15,6 +15,10 @@ import time
 import pytest
 from conftest import free_ports, run_cli, start_irods_fake, wait_for
 
+from rucio_fs.backend import Attributes, Entry
+from rucio_fs.errors import NoSpace, PermissionDenied, QuotaExceeded
+from rucio_fs.testing.conformance import run_with
+
 MiB = 1 << 20
 
 
@@ -330,3 +334,185 @@ def test_server_down_gives_eio_then_the_mount_recovers(mount_fs, irods_server):
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+# -- attributes: times stored in whole seconds, modes and owners never -------------------
+
+NS = 1_000_000_000
+SET = 1_600_000_000 * NS + 123_456_789  # stored as 1_600_000_000 s
+
+
+def _fresh(server, collection: str, *paths: str) -> dict[str, Entry]:
+    """What a new backend finds at each of ``paths``, by stat and by its parent's listing
+    (they must agree)."""
+
+    async def look(backend) -> dict[str, Entry]:
+        found = {}
+        for path in paths:
+            parent = path.rpartition("/")[0] or "/"
+            listed = {e.name: e for e in [e async for e in backend.list(parent)]}
+            found[path] = await backend.stat(path)
+            assert listed[path.rpartition("/")[2]].mtime_ns == found[path].mtime_ns, path
+        return found
+
+    return run_with(server.url(collection), look)
+
+
+def test_set_attributes_stores_the_second_and_never_a_mode_or_owner(irods_server):
+    collection = irods_server.collection("attrs")
+    irods_server.seed(collection, {"f.txt": b"times\n", "sub/g": b"g"})
+    wanted = Attributes(mtime_ns=SET, mode=0o600, uid=1234, gid=5678)
+
+    async def change(backend) -> dict[str, tuple[Entry, Entry]]:
+        changed = {}
+        for path in ("/f.txt", "/sub"):
+            before = await backend.stat(path)
+            changed[path] = before, await backend.set_attributes(path, before, wanted)
+        return changed
+
+    if irods_server.fake:
+        irods_server.reset_stats()
+    changed = run_with(irods_server.url(collection), change)
+    for path, (before, after) in changed.items():
+        assert after.mtime_ns == 1_600_000_000 * NS, path  # the stored second
+        assert (after.mode, after.uid, after.gid) == (before.mode, None, None), path
+        missing = wanted.missing_from(after)  # what the core keeps for the mount's life
+        assert missing == Attributes(mtime_ns=SET, mode=0o600, uid=1234, gid=5678), path
+    file_before, file_after = changed["/f.txt"]
+    assert file_after.version != file_before.version  # the version names the second
+    fresh = _fresh(irods_server, collection, "/f.txt", "/sub")
+    assert fresh["/f.txt"].mtime_ns == fresh["/sub"].mtime_ns == 1_600_000_000 * NS
+    assert fresh["/f.txt"].version == file_after.version
+    assert fresh["/f.txt"].mode == file_before.mode and fresh["/f.txt"].uid is None
+    if irods_server.fake:
+        assert irods_server.stored(f"{collection}/f.txt")["acl"] == {irods_server.user: "own"}
+        counts = irods_server.stats()["counts"]
+        assert counts.get("POST /data-objects touch") == 1
+        assert counts.get("POST /collections touch") == 1
+
+
+def test_attributes_not_storable_make_no_request(irods_server):
+    """A mode or owner alone, or a time iRODS cannot hold (after 2038, before 1970), is not
+    sent: the entry returned does not show it and the server keeps its time."""
+    irods_server.require_fake()
+    collection = irods_server.collection("unstorable")
+    irods_server.seed(collection, {"f": b"f"})
+
+    async def change(backend) -> list[tuple[Entry, Entry]]:
+        before = await backend.stat("/f")
+        return [(before, await backend.set_attributes("/f", before, attributes))
+                for attributes in (Attributes(mode=0o700, uid=0, gid=0),
+                                   Attributes(mtime_ns=2**31 * NS),
+                                   Attributes(mtime_ns=-5 * NS))]
+
+    irods_server.reset_stats()
+    for before, after in run_with(irods_server.url(collection), change):
+        assert after == before
+    counts = irods_server.stats()["counts"]
+    assert not any("touch" in key for key in counts), counts
+    assert _fresh(irods_server, collection, "/f")["/f"].mtime_ns == before.mtime_ns
+
+
+def test_a_time_is_set_on_every_replica_a_listing_may_show(irods_server):
+    """iRODS touches only the newest good replica unless told which; the newer second good
+    replica would still show its own time."""
+    irods_server.require_fake()
+    collection = irods_server.collection("replicated")
+    irods_server.seed(collection, {"r.dat": b"twice"}, stale={
+        "r.dat": {"size": 5, "mtime": int(time.time()) + 3600, "status": "1"}})
+
+    async def change(backend) -> Entry:
+        before = await backend.stat("/r.dat")
+        return await backend.set_attributes("/r.dat", before, Attributes(mtime_ns=SET))
+
+    assert run_with(irods_server.url(collection), change).mtime_ns == 1_600_000_000 * NS
+    assert _fresh(irods_server, collection, "/r.dat")["/r.dat"].mtime_ns == 1_600_000_000 * NS
+    replicas = irods_server.stored(f"{collection}/r.dat")["replicas"]
+    assert [(n, t) for n, t, _ in replicas] == [(0, 1_600_000_000), (1, 1_600_000_000)]
+
+
+def test_uploads_carry_their_time(irods_server):
+    """``put`` and a parallel upload store ``attributes.mtime_ns`` once the content is in;
+    without a time, no request more than the content's."""
+    collection = irods_server.collection("upload-times")
+    big = random.Random(9).randbytes(3 * MiB + 5)
+
+    async def upload(backend) -> list[Entry]:
+        entries = [await backend.put("/small", b"small", Attributes(mtime_ns=SET, mode=0o600)),
+                   await backend.put("/empty", b"", Attributes(mtime_ns=SET + NS))]
+        upload = await backend.begin_upload("/big", Attributes(mtime_ns=SET + 2 * NS))
+        part = backend.upload_part_size
+        for number, offset in enumerate(range(0, len(big), part), start=1):
+            await upload.write_part(number, offset, big[offset:offset + part])
+        entries.append(await upload.commit(len(big)))
+        for entry, path in zip(entries, ("/small", "/empty", "/big"), strict=True):
+            assert await backend.confirm(path, entry)
+        return entries
+
+    url = irods_server.url(collection) + "&part_size=1M"
+    entries = run_with(url, upload)
+    assert [e.mtime_ns // NS - 1_600_000_000 for e in entries] == [0, 1, 2]
+    assert entries[0].mode is None
+    fresh = _fresh(irods_server, collection, "/small", "/empty", "/big")
+    assert [fresh[p].mtime_ns // NS - 1_600_000_000 for p in ("/small", "/empty", "/big")] == [
+        0, 1, 2]
+    assert irods_server.read(f"{collection}/big") == big
+    if irods_server.fake:
+        irods_server.reset_stats()
+
+        async def plain(backend) -> Entry:
+            return await backend.put("/plain", b"plain", Attributes(mode=0o600))
+
+        assert run_with(url, plain).mtime_ns // NS >= time.time() - 60
+        counts = irods_server.stats()["counts"]
+        assert not any("touch" in key for key in counts), counts
+
+
+def test_times_modes_and_links_through_a_mount(mount_fs, irods_server):
+    collection = irods_server.collection("mount-attrs")
+    irods_server.seed(collection, {"f.txt": b"f\n"})
+    mnt = mount_irods(mount_fs, irods_server, collection)
+    os.utime(mnt.path / "f.txt", ns=(SET, SET))
+    os.mkdir(mnt.path / "d")
+    os.utime(mnt.path / "d", (1_500_000_000, 1_500_000_000))
+    assert os.stat(mnt.path / "f.txt").st_mtime_ns == SET  # kept for the mount's life
+    os.chmod(mnt.path / "f.txt", 0o600)  # kept for the mount's life, never an ACL
+    assert os.stat(mnt.path / "f.txt").st_mode & 0o777 == 0o600
+    with pytest.raises(OSError) as raised:
+        os.symlink("f.txt", mnt.path / "link")
+    assert raised.value.errno == errno.EOPNOTSUPP
+    with pytest.raises(OSError) as raised:
+        os.link(mnt.path / "f.txt", mnt.path / "hard")
+    assert raised.value.errno == errno.EPERM
+    again = mount_irods(mount_fs, irods_server, collection)
+    assert os.stat(again.path / "f.txt").st_mtime_ns == 1_600_000_000 * NS
+    assert os.stat(again.path / "d").st_mtime == 1_500_000_000
+    assert os.stat(again.path / "f.txt").st_mode & 0o777 == 0o644
+    if irods_server.fake:
+        assert irods_server.stored(f"{collection}/f.txt")["acl"] == {irods_server.user: "own"}
+
+
+def test_a_spent_quota_or_full_storage_is_reported_as_such(mount_fs, irods_server):
+    """The server's codes reach the caller as EDQUOT and ENOSPC, not EIO: through the
+    backend, and through a mount at ``close``."""
+    irods_server.require_fake()
+    collection = irods_server.collection("quota")
+    write = {"endpoint": "/data-objects", "op": "write"}
+
+    async def put(backend) -> None:
+        await backend.put("/q", b"over quota")
+
+    for code, error in ((-186000, QuotaExceeded), (-110000, QuotaExceeded),
+                        (-520028, NoSpace), (-818000, PermissionDenied)):
+        irods_server.configure(fail={**write, "code": code, "times": 1})
+        with pytest.raises(error, match=str(code)):
+            run_with(irods_server.url(collection), put)
+    mnt = mount_irods(mount_fs, irods_server, collection)
+    for code, expected in ((-186000, errno.EDQUOT), (-311000, errno.ENOSPC)):
+        irods_server.configure(fail={**write, "code": code, "times": -1})
+        try:
+            with pytest.raises(OSError) as raised, open(mnt.path / f"full{-code}", "wb") as f:
+                f.write(b"x" * 1000)
+            assert raised.value.errno == expected, raised.value
+        finally:
+            irods_server.configure(fail=None)

@@ -10,15 +10,21 @@ data-objects-0389de``), and the API reference for the rest.
 
 from __future__ import annotations
 
+import errno
 import itertools
+import os
 import string
+import time
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rucio_fs.backends.irods.backend import answer, irods_error, storable_seconds
 from rucio_fs.backends.irods.query import Folder, literal
 
 from rucio_fs.backend import Kind
+from rucio_fs.errors import QuotaExceeded, RucioFsError, Unavailable
 from rucio_fs.testing.irods_fake import parse_query
 
 RECORDED = {
@@ -144,3 +150,167 @@ def test_checksums_are_verifiable_when_recognised(raw, expected):
     from rucio_fs.backends.irods.query import checksums_of
 
     assert checksums_of(raw) == {"irods": raw, **expected}
+
+
+# -- touch, as the HTTP API and iRODS's touch API answer it --------------------------------
+
+
+def _status(response) -> int | None:
+    """``irods_response.status_code`` of an answer, None for a bare (empty) one."""
+    return response.json()["irods_response"]["status_code"] if response.content else None
+
+
+def _mtime(server, lpath: str) -> int:
+    parent, _, name = lpath.rpartition("/")
+    if server.kind(lpath) == "collection":
+        rows = server.query(f"select COLL_MODIFY_TIME where COLL_NAME = '{lpath}'")
+    else:
+        rows = server.query(f"select DATA_MODIFY_TIME where COLL_NAME = '{parent}' "
+                            f"and DATA_NAME = '{name}'")
+    return max(int(row[0]) for row in rows)
+
+
+def test_touch_sets_times_and_refuses_what_the_api_refuses(irods_server):
+    """Behaviour taken from the API's handlers and iRODS's touch API; it holds for a real
+    server too (nothing here needs the fake's controls)."""
+    collection = irods_server.collection("touch")
+    irods_server.seed(collection, {"f": b"touched", "sub/g": b"g"})
+    f, sub = f"{collection}/f", f"{collection}/sub"
+
+    def touch(endpoint: str, **params: str):
+        return irods_server.call("POST", endpoint, op="touch", **params)
+
+    for endpoint, lpath in (("/data-objects", f), ("/collections", sub)):
+        answer = touch(endpoint, lpath=lpath, **{"seconds-since-epoch": "1600000000"})
+        assert (answer.status_code, _status(answer)) == (200, 0)
+        assert _mtime(irods_server, lpath) == 1_600_000_000
+    # a C int, parsed with std::stoi: not a number or out of range is a bare 400
+    for bad in ("soon", str(2**31)):
+        answer = touch("/data-objects", lpath=f, **{"seconds-since-epoch": bad})
+        assert (answer.status_code, answer.content) == (400, b"")
+    assert touch("/data-objects", lpath=f, **{"seconds-since-epoch": str(2**31 - 1)}
+                 ).json()["irods_response"]["status_code"] == 0
+    negative = touch("/collections", lpath=sub, **{"seconds-since-epoch": "-1"})
+    assert _status(negative) == -1084000  # INPUT_ARG_NOT_WELL_FORMED_ERR
+    both = touch("/data-objects", lpath=f, reference=sub, **{"seconds-since-epoch": "5"})
+    assert _status(both) == -402000  # USER_INCOMPATIBLE_PARAMS
+    assert _status(touch("/data-objects", lpath=f, reference=sub)) == 0
+    assert _mtime(irods_server, f) == 1_600_000_000  # the collection's time, copied
+    # the wrong kind of path
+    wrong = touch("/collections", lpath=f)
+    assert (wrong.status_code, _status(wrong)) == (400, -170000)  # NOT_A_COLLECTION
+    wrong = touch("/data-objects", lpath=sub)
+    assert (wrong.status_code, _status(wrong)) == (400, -171000)  # NOT_A_DATA_OBJECT
+    # a missing path: nothing done, no error (collections are never created)
+    for endpoint, extra in (("/collections", {}), ("/data-objects", {"no-create": "1"})):
+        answer = touch(endpoint, lpath=f"{collection}/absent", **extra)
+        assert _status(answer) == 0
+        assert irods_server.kind(f"{collection}/absent") is None
+    assert _status(touch("/data-objects", lpath=f"{collection}/new")) == 0
+    assert irods_server.kind(f"{collection}/new") == "data_object"
+    assert irods_server.read(f"{collection}/new") == b""
+    assert (touch("/collections").status_code, touch("/collections").content) == (400, b"")
+
+
+def test_touch_changes_one_replica_and_needs_permission(irods_server):
+    irods_server.require_fake()
+    collection = irods_server.collection("replicas")
+    later = int(time.time()) + 600
+    irods_server.seed(collection, {"two": b"2"},
+                      stale={"two": {"size": 1, "mtime": later, "status": "1"}})
+    lpath = f"{collection}/two"
+
+    def touch(**params: str) -> int | None:
+        return _status(irods_server.call("POST", "/data-objects", op="touch", lpath=lpath,
+                                         **params))
+
+    def replicas() -> dict[int, int]:
+        return {n: t for n, t, _ in irods_server.stored(lpath)["replicas"]}
+
+    first = replicas()[0]
+    assert touch(**{"seconds-since-epoch": "1000"}) == 0  # the newest good replica only
+    assert replicas() == {0: first, 1: 1000}
+    assert touch(**{"seconds-since-epoch": "2000", "replica-number": "0"}) == 0
+    assert replicas() == {0: 2000, 1: 1000}
+    assert touch(**{"replica-number": "7"}) == -164000  # SYS_REPLICA_DOES_NOT_EXIST
+    assert touch(**{"replica-number": "0", "leaf-resource": "demoResc"}) == -402000
+    # read_object is below modify_metadata: bob may read, not touch
+    shared = f"/tempZone/home/bob/touch-{os.urandom(4).hex()}"
+    irods_server.seed(shared, {"r": b"r"}, owner="bob", acl={"readers": "read_object"})
+    answer = irods_server.call("POST", "/data-objects", op="touch", lpath=f"{shared}/r",
+                               **{"seconds-since-epoch": "5"})
+    assert _status(answer) == -818000  # CAT_NO_ACCESS_PERMISSION
+    answer = irods_server.call("POST", "/collections", op="touch", lpath=shared)
+    assert _status(answer) == -818000
+
+
+def test_armed_faults_answer_with_their_code_then_disarm(irods_server):
+    irods_server.require_fake()
+    collection = irods_server.collection("faults")
+    irods_server.configure(fail={"endpoint": "/collections", "op": "create",
+                                 "code": -186000, "times": 1})
+    refused = irods_server.call("POST", "/collections", op="create",
+                                lpath=f"{collection}/quota")
+    assert (refused.status_code, _status(refused)) == (200, -186000)
+    assert irods_server.kind(f"{collection}/quota") is None  # not done
+    done = irods_server.call("POST", "/collections", op="create", lpath=f"{collection}/quota")
+    assert _status(done) == 0
+    assert irods_server.stats()["faults"][-1]["times"] == 0
+    irods_server.configure(fail=None)
+    assert irods_server.stats()["faults"] == []
+
+
+# -- error codes ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code, status, expected", [
+    (-818000, 200, errno.EACCES),   # CAT_NO_ACCESS_PERMISSION
+    (-830000, 200, errno.EACCES),   # CAT_INSUFFICIENT_PRIVILEGE_LEVEL
+    (-169000, 200, errno.EACCES),   # SYS_NOT_ALLOWED
+    (-350000, 200, errno.EACCES),   # USER_ACCESS_DENIED
+    (-110000, 200, errno.EDQUOT),   # SYS_RESC_QUOTA_EXCEEDED
+    (-186000, 200, errno.EDQUOT),   # LOGICAL_QUOTA_EXCEEDED
+    (-311000, 200, errno.ENOSPC),   # USER_FILE_TOO_LARGE: more than the device has left
+    (-520028, 500, errno.ENOSPC),   # UNIX_FILE_WRITE_ERR with ENOSPC
+    (-511122, 200, errno.EDQUOT),   # UNIX_FILE_CREATE_ERR with EDQUOT
+    (-510013, 200, errno.EIO),      # UNIX_FILE_OPEN_ERR with EACCES: the server's vault
+    (-358000, 200, errno.ENOENT),   # OBJ_PATH_DOES_NOT_EXIST
+    (-358002, 200, errno.ENOENT),   # ... with ENOENT
+    (-814000, 200, errno.ENOENT),   # CAT_UNKNOWN_COLLECTION
+    (-834000, 200, errno.EEXIST),   # CAT_NAME_EXISTS_AS_DATAOBJ
+    (-833000, 200, errno.EEXIST),   # CAT_NAME_EXISTS_AS_COLLECTION
+    (-809000, 200, errno.EEXIST),   # CATALOG_ALREADY_HAS_ITEM_BY_THAT_NAME
+    (-812000, 200, errno.EIO),      # CAT_INVALID_RESOURCE_NET_ADDR: no name clash
+    (-821000, 200, errno.ENOTEMPTY),  # CAT_COLLECTION_NOT_EMPTY
+    (-170000, 400, errno.ENOTDIR),  # NOT_A_COLLECTION
+    (-171000, 400, errno.EISDIR),   # NOT_A_DATA_OBJECT
+    (-12000, 400, errno.ENOTSUP),   # SYS_UNMATCHED_API_NUM (no GenQuery2)
+    (-66000, 200, errno.ENOTSUP),   # SYS_NOT_SUPPORTED
+    (-1084000, 200, errno.EIO),     # INPUT_ARG_NOT_WELL_FORMED_ERR
+    (0, 404, errno.ENOENT),
+    (0, 403, errno.EACCES),
+    (0, 400, errno.EIO),
+    (0, 500, errno.EIO),
+])
+def test_error_codes_become_the_errors_a_file_system_shows(code, status, expected):
+    error = irods_error(code, status, "write /z/f", "refused")
+    assert isinstance(error, RucioFsError) and error.errno == expected, error
+    assert str(error).startswith("write /z/f: ") and "refused" in str(error)
+
+
+def test_answers_are_checked_by_status_and_code():
+    ok = httpx.Response(200, json={"irods_response": {"status_code": 0}, "x": 1})
+    assert answer(ok, "op")["x"] == 1
+    with pytest.raises(QuotaExceeded, match="-186000"):
+        answer(httpx.Response(200, json={"irods_response": {
+            "status_code": -186000, "status_message": "quota"}}), "write /z/f")
+    with pytest.raises(Unavailable, match="HTTP 400"):
+        answer(httpx.Response(400, content=b""), "touch /z/f")  # the API's bare 400
+
+
+@pytest.mark.parametrize("mtime_ns, seconds", [
+    (None, None), (0, 0), (1_600_000_000_999_999_999, 1_600_000_000),
+    ((2**31 - 1) * 10**9 + 5, 2**31 - 1), (2**31 * 10**9, None), (-1, None),
+])
+def test_times_outside_what_touch_takes_are_not_sent(mtime_ns, seconds):
+    assert storable_seconds(mtime_ns) == seconds

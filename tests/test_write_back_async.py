@@ -418,3 +418,39 @@ def test_crashes_at_random_points_keep_every_promise(s3_server, mount_fs, tmp_pa
     runner.settings = settings(max_examples=6, stateful_step_count=10, deadline=None,
                                suppress_health_check=list(HealthCheck))
     runner().runTest()
+
+
+def test_attributes_and_modes_queued_while_the_server_is_down_survive_a_kill(
+        s3_catalog, mount_fs, tmp_path):
+    """Promise: a `chmod`/`touch` of a stored file or a directory, and the mode of a `mkdir`,
+    returned with async write-back, are shown at once and reach the server, also when the
+    daemon is killed before it could send them (the next mount replays them)."""
+    prefix = s3_catalog.url.split("/", 3)[3]
+    s3_catalog.server.seed(prefix, {"f": b"stored"})
+    staging = str(tmp_path / "staging")
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
+                   "--staging-dir", staging)
+    root = mnt.path
+    os.listdir(root)
+    when = 1_300_000_000 * 10**9 + 7
+    with s3_catalog.server.gateway_down():
+        os.chmod(root / "f", 0o640)
+        os.utime(root / "f", ns=(when, when))
+        os.mkdir(root / "d", 0o700)
+        os.utime(root / "d", ns=(when, when))
+        for path, mode in ((root / "f", 0o640), (root / "d", 0o700)):
+            info = os.stat(path)
+            assert (stat_mode(info), info.st_mtime_ns) == (mode, when), path
+        kill(mnt)
+    again = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, "--staging-dir", staging)
+    drained(again)
+    client = s3_catalog.server.client()
+    file_meta = client.head_object(Bucket="test", Key=f"{prefix}/f")["Metadata"]
+    marker_meta = client.head_object(Bucket="test", Key=f"{prefix}/d/")["Metadata"]
+    assert int(file_meta["mode"]) & 0o7777 == 0o640
+    assert int(marker_meta["mode"]) & 0o7777 == 0o700
+    assert file_meta["mtime"] == marker_meta["mtime"] == "1300000000.000000007"
+
+
+def stat_mode(info: os.stat_result) -> int:
+    return info.st_mode & 0o7777

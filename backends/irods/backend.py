@@ -24,7 +24,28 @@ upload fails. An overwrite that fails part-way leaves the object
 partly written (iRODS writes in place, keeping its metadata and access list); the mount
 reports the error at ``close``, keeps the new content staged and retries it. ``mkdir``,
 ``rm`` (to the trash unless ``no_trash``), ``rmdir``, ``rename`` (files and directories, in
-place), ``truncate`` and ``touch`` are single calls. Times are whole seconds.
+place) and ``truncate`` are single calls.
+
+Attributes (``utimens``, ``chmod``, ``chown``; see ``Backend.set_attributes``):
+
+* **Modification times are stored**, in whole seconds (iRODS keeps no more): ``touch`` of the
+  collection, or of every replica a listing may show (the good ones, else all: iRODS touches
+  only the newest good replica unless told which, and a listing shows the newest good one).
+  That is one query and one ``touch`` per replica, made only when a time is set (also right
+  after an upload's content is stored, for ``cp -a``). The entry returned shows the stored
+  second; the core shows the nanoseconds set for the mount's life. The API takes times from
+  the epoch to 2038-01-19 (a 32-bit ``int``); another time is not sent, and is kept only for
+  the mount's life.
+* **Mode bits and owners are not stored**: iRODS permissions are access lists of users and
+  groups, not POSIX bits and ids. Entries show the mounting user's permissions as mode bits
+  (read, write) and no owner; a ``chmod``/``chown`` is kept for the mount's life and never
+  changes an access list.
+* **No links**: iRODS has no symbolic links (``ln -s`` fails with EOPNOTSUPP) and no hard
+  links (``ln`` fails with EPERM: the mount makes none).
+
+Errors: ``irods_response.status_code`` becomes the typed error a file system shows
+(:func:`irods_error`): a missing path ENOENT, a refused access EACCES, a spent quota EDQUOT,
+a full storage ENOSPC, and so on; anything else EIO.
 
 Extended attributes: ``user.irods.checksum`` (read-only) and the AVUs:
 ``user.irods.<attribute>`` holds the value (several values of one attribute, one per line);
@@ -37,6 +58,7 @@ answers some failures with HTTP 200 and a negative code).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import time
@@ -49,9 +71,19 @@ from urllib.parse import urlencode
 import httpx
 import trio
 
-from rucio_fs.backend import Backend, Capability, Entry, Kind, Upload
+from rucio_fs.backend import (
+    NO_ATTRIBUTES,
+    Attributes,
+    Backend,
+    Capability,
+    Entry,
+    Kind,
+    Upload,
+)
 from rucio_fs.errors import (
     AlreadyExists,
+    IsADirectory,
+    NoSpace,
     NoSuchAttribute,
     NotADirectory,
     NotEmpty,
@@ -59,6 +91,7 @@ from rucio_fs.errors import (
     NotPermitted,
     NotSupported,
     PermissionDenied,
+    QuotaExceeded,
     RucioFsError,
     Unavailable,
 )
@@ -77,32 +110,93 @@ READ_MAX = 8 << 20
 UNITS_SUFFIX = "@units"
 #: Bytes a multipart write form adds around the data (fields, boundaries), with room to spare.
 FORM_ROOM = 64 << 10
+NS = 1_000_000_000
+#: The latest modification time the HTTP API's ``touch`` takes (2038-01-19T03:14:07Z).
+SECONDS_MAX = 2**31 - 1
 
-# iRODS error codes (rodsErrorTable.h) that mean something to a file system.
-_NOT_FOUND = frozenset({-310000, -358000, -808000, -814000, -817000})
-_DENIED = frozenset({-818000, -827000, -830000, -840000})
-_EXISTS = frozenset({-809000, -812000})
-_NOT_EMPTY = frozenset({-821000, -79000})
-_UNSUPPORTED = frozenset({-169000})
-_BAD_LOGIN = frozenset({-826000, -827000})
+# iRODS error codes (rodsErrorTable.h) that mean something to a file system. Each is
+# -(1000 * n + e): ``e``, when not 0, is the errno of the system call that failed on the server.
+_NOT_FOUND = frozenset({
+    -310000,  # USER_FILE_DOES_NOT_EXIST
+    -358000,  # OBJ_PATH_DOES_NOT_EXIST
+    -808000,  # CAT_NO_ROWS_FOUND
+    -814000,  # CAT_UNKNOWN_COLLECTION
+    -817000,  # CAT_UNKNOWN_FILE
+})
+_DENIED = frozenset({
+    -36000,   # SYS_NO_PATH_PERMISSION
+    -40000,   # SYS_NO_DATA_OBJ_PERMISSION
+    -121000,  # SYS_USER_NO_PERMISSION
+    -169000,  # SYS_NOT_ALLOWED
+    -350000,  # USER_ACCESS_DENIED
+    -818000,  # CAT_NO_ACCESS_PERMISSION
+    -826000,  # CAT_INVALID_AUTHENTICATION
+    -827000,  # CAT_INVALID_USER
+    -830000,  # CAT_INSUFFICIENT_PRIVILEGE_LEVEL
+    -840000,  # CAT_PASSWORD_EXPIRED
+    -851000,  # CAT_TABLE_ACCESS_DENIED
+})
+_EXISTS = frozenset({
+    -312000,  # OVERWRITE_WITHOUT_FORCE_FLAG
+    -809000,  # CATALOG_ALREADY_HAS_ITEM_BY_THAT_NAME
+    -833000,  # CAT_NAME_EXISTS_AS_COLLECTION
+    -834000,  # CAT_NAME_EXISTS_AS_DATAOBJ
+})
+_NOT_EMPTY = frozenset({
+    -79000,   # SYS_COLLECTION_NOT_EMPTY
+    -821000,  # CAT_COLLECTION_NOT_EMPTY
+})
+_QUOTA = frozenset({
+    -110000,  # SYS_RESC_QUOTA_EXCEEDED (resource quotas)
+    -186000,  # LOGICAL_QUOTA_EXCEEDED (the logical quotas rule engine plugin)
+})
+#: The unixfilesystem resource refuses a file larger than the space left on its device.
+_NO_SPACE = frozenset({-311000})  # USER_FILE_TOO_LARGE
+_UNSUPPORTED = frozenset({
+    -12000,   # SYS_UNMATCHED_API_NUM (e.g. GenQuery2 asked of iRODS before 4.3.2)
+    -66000,   # SYS_NOT_SUPPORTED
+})
+_NOT_A_COLLECTION = frozenset({-170000})  # NOT_A_COLLECTION
+_NOT_A_DATA_OBJECT = frozenset({-171000})  # NOT_A_DATA_OBJECT
+#: The typed error of each set of codes, in the order they are looked up.
+_TYPED: tuple[tuple[frozenset[int], type[RucioFsError]], ...] = (
+    (_NOT_FOUND, NotFound), (_DENIED, PermissionDenied), (_EXISTS, AlreadyExists),
+    (_NOT_EMPTY, NotEmpty), (_QUOTA, QuotaExceeded), (_NO_SPACE, NoSpace),
+    (_UNSUPPORTED, NotSupported), (_NOT_A_COLLECTION, NotADirectory),
+    (_NOT_A_DATA_OBJECT, IsADirectory))
+#: Errnos carried by a code (its last three digits) that are the user's to know: the storage
+#: is full, or the user's quota on it spent. Others (a vault the server may not write, ...)
+#: are the server's trouble: EIO.
+_SERVER_ERRNOS: dict[int, type[RucioFsError]] = {
+    errno.ENOSPC: NoSpace, errno.EDQUOT: QuotaExceeded}
 
 
 def irods_error(code: int, status: int, what: str, message: str) -> RucioFsError:
-    """The typed error for an iRODS answer (``code``: ``irods_response.status_code``)."""
+    """The typed error for an iRODS answer (``code``: ``irods_response.status_code``, 0 when
+    the answer has none; ``status``: the HTTP status): NotFound, PermissionDenied,
+    AlreadyExists, NotEmpty, QuotaExceeded, NoSpace, NotSupported, NotADirectory or
+    IsADirectory when the code (or, without one, the HTTP status) says so, else
+    Unavailable."""
     detail = f"{what}: " + (f"iRODS error {code}" if code else f"HTTP {status}")
     if message:
         detail += f" ({message})"
-    if code in _NOT_FOUND or (not code and status == 404):
-        return NotFound(detail)
-    if code in _DENIED or (not code and status in (401, 403)):
-        return PermissionDenied(detail)
-    if code in _EXISTS:
-        return AlreadyExists(detail)
-    if code in _NOT_EMPTY:
-        return NotEmpty(detail)
-    if code in _UNSUPPORTED:
-        return NotSupported(detail)
-    return Unavailable(detail)
+    return _error_class(code, status)(detail)
+
+
+def _error_class(code: int, status: int) -> type[RucioFsError]:
+    if not code:
+        if status == 404:
+            return NotFound
+        return PermissionDenied if status in (401, 403) else Unavailable
+    if code > 0:
+        return Unavailable
+    base, carried = divmod(-code, 1000)
+    if carried in _SERVER_ERRNOS:
+        return _SERVER_ERRNOS[carried]
+    for codes, error in _TYPED:
+        if -base * 1000 in codes:
+            return error
+    return Unavailable
 
 
 def answer(response: httpx.Response, what: str) -> dict[str, Any]:
@@ -125,6 +219,16 @@ def answer(response: httpx.Response, what: str) -> dict[str, Any]:
     message = ((failed.get("error_message") if isinstance(failed, dict) else None)
                or block.get("status_message") or "")
     raise irods_error(code, response.status_code, what, str(message)[:200])
+
+
+def storable_seconds(mtime_ns: int | None) -> int | None:
+    """The whole second iRODS stores for ``mtime_ns`` (rounded down), or None when no time
+    is set or the HTTP API cannot take it (its ``seconds-since-epoch`` is a 32-bit ``int``,
+    and iRODS refuses a negative one)."""
+    if mtime_ns is None:
+        return None
+    seconds = mtime_ns // NS
+    return seconds if 0 <= seconds <= SECONDS_MAX else None
 
 
 @dataclass
@@ -461,9 +565,12 @@ class IrodsBackend(Backend):
     def _written(self, path: str, size: int) -> Entry:
         seconds = int(time.time())
         return Entry(name=path.rpartition("/")[2], kind=Kind.FILE, size=size,
-                     mtime_ns=seconds * 1_000_000_000, version=version_of(seconds, size, ""))
+                     mtime_ns=seconds * NS, version=version_of(seconds, size, ""))
 
-    async def put(self, path: str, data: bytes) -> Entry:
+    async def put(self, path: str, data: bytes, attributes: Attributes = NO_ATTRIBUTES
+                  ) -> Entry:
+        """Write ``data`` as the object's content, then store ``attributes.mtime_ns`` when it
+        is set (see :meth:`set_attributes`; no request more otherwise)."""
         lpath = self._lpath(path)
         if data:
             await self._write(lpath, data, f"write {lpath}", truncate="1")
@@ -471,14 +578,27 @@ class IrodsBackend(Backend):
             await self._post("/data-objects", f"create {lpath}", op="touch", lpath=lpath)
             await self._post("/data-objects", f"truncate {lpath}", op="truncate",
                              lpath=lpath, size="0")
-        return self._sent(path, len(data))
+        return await self._stored(path, len(data), attributes)
 
     def _sent(self, path: str, size: int) -> Entry:
         """What an upload of ``size`` bytes stored; the version (the modification second the
         server chose) is for :meth:`confirm`'s stat to tell."""
         return replace(self._written(path, size), version="")
 
-    async def begin_upload(self, path: str) -> _ParallelUpload:
+    async def _stored(self, path: str, size: int, attributes: Attributes) -> Entry:
+        """The entry of an upload of ``size`` bytes whose content is stored, once the set
+        modification time of ``attributes`` is stored too (mode and owner are not)."""
+        sent = self._sent(path, size)
+        seconds = storable_seconds(attributes.mtime_ns)
+        if seconds is None:
+            return sent
+        await self._touch_data_object(self._lpath(path), seconds)
+        return replace(sent, mtime_ns=seconds * NS)
+
+    async def begin_upload(self, path: str, attributes: Attributes = NO_ATTRIBUTES
+                           ) -> _ParallelUpload:
+        """A parallel write handle on ``path``; its commit stores ``attributes`` as
+        :meth:`put` does."""
         lpath = self._lpath(path)
         body = await self._post("/data-objects", f"upload {lpath}", op="parallel_write_init",
                                 lpath=lpath, **{"stream-count": str(self.upload_parallelism),
@@ -487,15 +607,16 @@ class IrodsBackend(Backend):
         if not isinstance(handle, str) or not handle:
             raise Unavailable(f"upload {lpath}: no parallel_write_handle in the answer")
         self.counters_extra["parallel_uploads"] += 1
-        return _ParallelUpload(self, path, lpath, handle, self.upload_parallelism)
+        return _ParallelUpload(self, path, lpath, handle, self.upload_parallelism, attributes)
 
-    async def mkdir(self, path: str) -> Entry:
+    async def mkdir(self, path: str, attributes: Attributes = NO_ATTRIBUTES) -> Entry:
+        """A collection (the mode asked for is not stored: see the module docstring)."""
         lpath = self._lpath(path)
         body = await self._post("/collections", f"mkdir {lpath}", op="create", lpath=lpath)
         if body.get("created") is False:
             raise AlreadyExists(path)
         return Entry(name=path.rpartition("/")[2], kind=Kind.DIR,
-                     mtime_ns=int(time.time()) * 1_000_000_000)
+                     mtime_ns=int(time.time()) * NS)
 
     def _trash(self) -> dict[str, str]:
         return {"no-trash": "1"} if self.settings.no_trash else {}
@@ -533,15 +654,54 @@ class IrodsBackend(Backend):
                          size=str(size))
         return self._written(path, size)
 
-    async def set_mtime(self, path: str, entry: Entry, mtime_ns: int, now: bool) -> Entry:
+    async def set_attributes(self, path: str, entry: Entry, attributes: Attributes) -> Entry:
+        """Store the modification time (whole seconds, see the module's docstring); the entry
+        returned shows the stored second and never the mode or owner asked for: iRODS keeps
+        access lists, not POSIX bits and ids. No request when no storable time is set."""
+        seconds = storable_seconds(attributes.mtime_ns)
+        if seconds is None:
+            return entry
         lpath = self._lpath(path)
-        seconds = int(time.time()) if now else mtime_ns // 1_000_000_000
-        await self._post("/collections" if entry.is_dir else "/data-objects",
-                         f"touch {lpath}", op="touch", lpath=lpath,
-                         **{"no-create": "1", "seconds-since-epoch": str(seconds)})
-        version = entry.version if entry.is_dir else version_of(
-            seconds, entry.size, entry.checksums.get("irods", ""))
-        return replace(entry, mtime_ns=seconds * 1_000_000_000, version=version)
+        if entry.is_dir:
+            await self._post("/collections", f"touch {lpath}", op="touch", lpath=lpath,
+                             **{"seconds-since-epoch": str(seconds)})
+            return replace(entry, mtime_ns=seconds * NS)
+        await self._touch_data_object(lpath, seconds)
+        return replace(entry, mtime_ns=seconds * NS, version=version_of(
+            seconds, entry.size, entry.checksums.get("irods", "")))
+
+    async def _touch_data_object(self, lpath: str, seconds: int) -> None:
+        """Set the modification time of every replica a listing may show (the good ones, else
+        all): iRODS touches only the newest good replica unless told which, and another good
+        one would still show its own time. NotFound when there is no such data object."""
+        parent, _, name = lpath.rpartition("/")
+        rows = await self._small_result(
+            "DATA_REPL_NUM, DATA_REPL_STATUS",
+            f"COLL_NAME = {literal(parent or '/')} and DATA_NAME = {literal(name)}")
+        if not rows:
+            raise NotFound(f"touch {lpath}: no such data object")
+        replicas = sorted({row[0] for row in rows if row[1] == "1"} or {row[0] for row in rows})
+
+        async def touch(number: str) -> None:
+            await self._post("/data-objects", f"touch {lpath}", op="touch", lpath=lpath,
+                             **{"no-create": "1", "replica-number": number,
+                                "seconds-since-epoch": str(seconds)})
+
+        async with open_nursery() as nursery:
+            for number in replicas:
+                nursery.start_soon(touch, number)
+
+    async def _small_result(self, select: str, where: str) -> list[list[str]]:
+        """All rows of a query about one object (its replicas, its AVUs): one GenQuery2
+        query of up to ``page_rows`` rows, or GenQuery1 page by page."""
+        if self.dialect.parser == "genquery2":
+            return await self._query(f"select {select} where {where} "
+                                     f"limit {self.dialect.page_rows}", "genquery2", {})
+        pager = Pager(self._query, self.dialect, select, where)
+        rows: list[list[str]] = []
+        while (page := await pager.next_page()) is not None:
+            rows.extend(page)
+        return rows
 
     # -- metadata (AVUs) ----------------------------------------------------------------------
 
@@ -554,14 +714,7 @@ class IrodsBackend(Backend):
             parent, _, name = lpath.rpartition("/")
             select = "META_DATA_ATTR_NAME, META_DATA_ATTR_VALUE, META_DATA_ATTR_UNITS"
             where = f"COLL_NAME = {literal(parent or '/')} and DATA_NAME = {literal(name)}"
-        if self.dialect.parser == "genquery2":
-            rows = await self._query(f"select {select} where {where} "
-                                     f"limit {self.dialect.page_rows}", "genquery2", {})
-        else:
-            pager = Pager(self._query, self.dialect, select, where)
-            rows = []
-            while (page := await pager.next_page()) is not None:
-                rows.extend(page)
+        rows = await self._small_result(select, where)
         return [(row[0], row[1], row[2] if len(row) > 2 else "") for row in rows]
 
     async def xattrs(self, path: str, entry: Entry) -> Mapping[str, bytes]:
@@ -643,8 +796,9 @@ class _ParallelUpload(Upload):
     at a time per stream (the API requires it when the stream index is given)."""
 
     def __init__(self, backend: IrodsBackend, path: str, lpath: str, handle: str,
-                 streams: int) -> None:
+                 streams: int, attributes: Attributes) -> None:
         self.backend = backend
+        self.attributes = attributes
         self.path = path
         self.lpath = lpath
         self.handle = handle
@@ -667,7 +821,7 @@ class _ParallelUpload(Upload):
 
     async def commit(self, size: int) -> Entry:
         await self._shutdown()
-        return self.backend._sent(self.path, size)
+        return await self.backend._stored(self.path, size, self.attributes)
 
     async def release_unconfirmed(self) -> None:
         """The shutdown's success was not real: close the handle (again), quietly."""

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from rucio_fs.backend import Backend, Capability, Entry, Kind, Upload
+from rucio_fs.backend import NO_ATTRIBUTES, Attributes, Backend, Capability, Entry, Kind, Upload
 from rucio_fs.errors import (
     AlreadyExists,
     InvalidInput,
@@ -46,20 +46,45 @@ class _File:
     data: bytes = b""
     mtime_ns: int = field(default_factory=time.time_ns)
     metadata: dict[str, str] = field(default_factory=dict)
+    #: A symbolic link, whose target is ``data``.
+    link: bool = False
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
 
 
 @dataclass
 class _Dir:
     children: dict[str, _File | _Dir] = field(default_factory=dict)
     mtime_ns: int = field(default_factory=time.time_ns)
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
 
 
 def _entry(name: str, node: _File | _Dir) -> Entry:
     if isinstance(node, _Dir):
-        return Entry(name=name, kind=Kind.DIR, mtime_ns=node.mtime_ns)
+        return Entry(name=name, kind=Kind.DIR, mtime_ns=node.mtime_ns, mode=node.mode,
+                     uid=node.uid, gid=node.gid)
+    if node.link:
+        return Entry(name=name, kind=Kind.SYMLINK, size=len(node.data),
+                     mtime_ns=node.mtime_ns, uid=node.uid, gid=node.gid)
     digest = hashlib.md5(node.data).hexdigest()
     return Entry(name=name, kind=Kind.FILE, size=len(node.data), mtime_ns=node.mtime_ns,
-                 checksums={"md5": digest}, version=digest, metadata=dict(node.metadata))
+                 checksums={"md5": digest}, version=digest, metadata=dict(node.metadata),
+                 mode=node.mode, uid=node.uid, gid=node.gid)
+
+
+def _set(node: _File | _Dir, attributes: Attributes) -> None:
+    """Store the set ``attributes`` on ``node`` (every one: this catalog keeps them all)."""
+    if attributes.mtime_ns is not None:
+        node.mtime_ns = attributes.mtime_ns
+    if attributes.mode is not None and not (isinstance(node, _File) and node.link):
+        node.mode = attributes.mode
+    if attributes.uid is not None:
+        node.uid = attributes.uid
+    if attributes.gid is not None:
+        node.gid = attributes.gid
 
 
 def _parts(path: str) -> list[str]:
@@ -70,7 +95,7 @@ class MemoryBackend(Backend):
     scheme = "memory"
     description = "a writable catalog in memory (the reference backend; gone at unmount)"
     capabilities = (Capability.WRITE | Capability.MKDIR | Capability.UNLINK | Capability.RENAME
-                    | Capability.SETXATTR | Capability.TRUNCATE)
+                    | Capability.SETXATTR | Capability.TRUNCATE | Capability.SYMLINK)
     single_put_max = 1 << 20
     upload_part_size = 1 << 20
 
@@ -150,27 +175,33 @@ class MemoryBackend(Backend):
 
     # -- writing ----------------------------------------------------------------------------------
 
-    async def put(self, path: str, data: bytes) -> Entry:
+    async def put(self, path: str, data: bytes, attributes: Attributes = NO_ATTRIBUTES
+                  ) -> Entry:
         await self._request()
         parent, name = self._parent(path)
         existing = parent.children.get(name)
         if isinstance(existing, _Dir):
             raise IsADirectory(path)
-        node = _File(bytes(data), metadata=existing.metadata if existing else {})
+        node = _File(bytes(data))
+        if existing is not None and not existing.link:  # (a file keeps what it had)
+            node.metadata, node.mode = existing.metadata, existing.mode
+            node.uid, node.gid = existing.uid, existing.gid
+        _set(node, attributes)
         parent.children[name] = node
         return _entry(name, node)
 
-    async def begin_upload(self, path: str) -> Upload:
+    async def begin_upload(self, path: str, attributes: Attributes = NO_ATTRIBUTES) -> Upload:
         await self._request()
         self._parent(path)
-        return _MemoryUpload(self, path)
+        return _MemoryUpload(self, path, attributes)
 
-    async def mkdir(self, path: str) -> Entry:
+    async def mkdir(self, path: str, attributes: Attributes = NO_ATTRIBUTES) -> Entry:
         await self._request()
         parent, name = self._parent(path)
         if name in parent.children:
             raise AlreadyExists(path)
         parent.children[name] = node = _Dir()
+        _set(node, attributes)
         return _entry(name, node)
 
     async def unlink(self, path: str) -> None:
@@ -207,11 +238,27 @@ class MemoryBackend(Backend):
         node.mtime_ns = time.time_ns()
         return _entry(path.rpartition("/")[2], node)
 
-    async def set_mtime(self, path: str, entry: Entry, mtime_ns: int, now: bool) -> Entry:
+    async def set_attributes(self, path: str, entry: Entry, attributes: Attributes) -> Entry:
         await self._request()
         node = self._node(path)
-        node.mtime_ns = time.time_ns() if now else mtime_ns
+        _set(node, attributes)
         return _entry(path.rpartition("/")[2], node)
+
+    async def symlink(self, path: str, target: str) -> Entry:
+        await self._request()
+        parent, name = self._parent(path)
+        if name in parent.children:
+            raise AlreadyExists(path)
+        parent.children[name] = node = _File(target.encode("utf-8", "surrogateescape"),
+                                             link=True)
+        return _entry(name, node)
+
+    async def readlink(self, path: str, entry: Entry) -> str:
+        await self._request()
+        node = self._file(path)
+        if not node.link:
+            raise InvalidInput(f"{path}: not a symbolic link")
+        return node.data.decode("utf-8", "surrogateescape")
 
     async def set_xattr(self, path: str, entry: Entry, name: str, value: bytes | None) -> Entry:
         await self._request()
@@ -232,9 +279,10 @@ class MemoryBackend(Backend):
 class _MemoryUpload(Upload):
     """Parts kept until ``commit`` joins them; the file keeps its content until then."""
 
-    def __init__(self, backend: MemoryBackend, path: str) -> None:
+    def __init__(self, backend: MemoryBackend, path: str, attributes: Attributes) -> None:
         self.backend = backend
         self.path = path
+        self.attributes = attributes
         self.parts: dict[int, tuple[int, bytes]] = {}
 
     async def write_part(self, number: int, offset: int, data: bytes) -> None:
@@ -245,7 +293,7 @@ class _MemoryUpload(Upload):
         content = b"".join(data for _offset, data in (self.parts[n] for n in sorted(self.parts)))
         if len(content) != size:
             raise InvalidInput(f"{self.path}: the parts hold {len(content)} of {size} bytes")
-        return await self.backend.put(self.path, content)
+        return await self.backend.put(self.path, content, self.attributes)
 
     async def abort(self) -> None:
         self.parts.clear()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 from urllib.parse import unquote
@@ -18,7 +18,8 @@ from xml.sax.saxutils import escape
 import httpx
 
 from rucio_fs.backend import Entry, usable_name
-from rucio_fs.errors import Unavailable
+from rucio_fs.errors import NoSpace, QuotaExceeded, RucioFsError, Unavailable
+from rucio_fs.http import status_error
 
 
 def _local(tag: str) -> str:
@@ -40,6 +41,40 @@ def describe(response: httpx.Response) -> str:
 def describe_fields(fields: Mapping[str, str]) -> str:
     code, message = fields.get("Code", ""), fields.get("Message", "")
     return f"{code}: {message}".strip(": ")
+
+
+#: Error codes of a spent quota: MinIO's bucket quota, Ceph RGW's user and bucket quotas
+#: (RGW answers 403, which alone would read as a refused permission).
+QUOTA_CODES = frozenset({"XMinioAdminBucketQuotaExceeded", "QuotaExceeded"})
+#: Error codes of a server out of room (MinIO answers 507 Insufficient Storage).
+NO_SPACE_CODES = frozenset({"XMinioStorageFull"})
+#: Statuses whose error code can tell more than the status: the caller reads the body.
+EXAMINED_STATUSES = frozenset({400, 403, 507})
+
+
+def s3_error(response: httpx.Response, what: str) -> RucioFsError:
+    """The typed error of an S3 error answer: a spent quota QuotaExceeded (EDQUOT), a full
+    server NoSpace (ENOSPC), anything else as its HTTP status says (403 PermissionDenied)."""
+    try:
+        fields = _children(ET.fromstring(response.content)) if response.content else {}
+    except ET.ParseError:
+        fields = {}
+    detail = describe_fields(fields)
+    coded = _coded_error(fields.get("Code", ""), f"{what}: {detail}")
+    if coded is not None:
+        return coded
+    if response.status_code == 507:
+        return NoSpace(f"{what}: {detail or 'HTTP 507'}")
+    return status_error(response.status_code, what, detail)
+
+
+def _coded_error(code: str, message: str) -> RucioFsError | None:
+    """The error an S3 error code means beyond its status, if it means one."""
+    if code in QUOTA_CODES:
+        return QuotaExceeded(message)
+    if code in NO_SPACE_CODES:
+        return NoSpace(message)
+    return None
 
 
 _TRUNCATED = re.compile(rb"<IsTruncated>\s*true\s*</IsTruncated>", re.IGNORECASE)
@@ -126,7 +161,8 @@ def delete_errors(body: bytes) -> list[tuple[str, str, str]]:
 
 
 def result(response: httpx.Response, what: str) -> dict[str, str]:
-    """The fields of an XML answer; S3 may answer 200 with an ``<Error>`` body."""
+    """The fields of an XML answer; S3 may answer 200 with an ``<Error>`` body (raised as
+    :func:`s3_error` would)."""
     try:
         root = ET.fromstring(response.content) if response.content else None
     except ET.ParseError:
@@ -135,7 +171,8 @@ def result(response: httpx.Response, what: str) -> dict[str, str]:
         return {}
     fields = _children(root)
     if _local(root.tag) == "Error":
-        raise Unavailable(f"{what}: {fields.get('Code', '')}: {fields.get('Message', '')}")
+        message = f"{what}: {fields.get('Code', '')}: {fields.get('Message', '')}"
+        raise _coded_error(fields.get("Code", ""), message) or Unavailable(message)
     return fields
 
 
@@ -147,10 +184,15 @@ class PageFolder:
     common prefix ``k/`` that comes later (after keys like ``k-1``) must win over the file.
     """
 
-    def __init__(self, prefix: str, file_entry: Any, directory: Entry) -> None:
+    def __init__(self, prefix: str, file_entry: Any, directory: Entry,
+                 dir_entry: Callable[[str, str], Entry] | None = None) -> None:
+        """``file_entry(name, fields)`` makes a file's entry; a directory's is ``directory``
+        renamed, or ``dir_entry(name, prefix)`` when given (``prefix``: its key, ``/``
+        ended). Both may be called in a worker thread."""
         self.prefix = prefix
         self.file_entry = file_entry
         self.directory = directory
+        self.dir_entry = dir_entry
         self.hidden: list[str] = []
         self.held: dict[str, Entry] = {}
         self.dirs: set[str] = set()
@@ -181,7 +223,8 @@ class PageFolder:
             if self.held.pop(name, None) is not None:
                 self.hidden.append(prefix + name)  # the object that the directory hides
             self.dirs.add(name)
-            ready.append(replace(self.directory, name=name))
+            ready.append(replace(self.directory, name=name) if self.dir_entry is None
+                         else self.dir_entry(name, common))
         if last:
             ready.extend(self.held.values())
             self.held.clear()

@@ -15,6 +15,7 @@ import trio
 from rucio_fs.backend import Entry, Kind, Upload
 from rucio_fs.errors import RucioFsError, Unavailable
 
+from .metadata import StoredAttributes
 from .pages import result
 
 if TYPE_CHECKING:
@@ -51,11 +52,16 @@ def multipart_etag(part_digests: list[bytes]) -> str:
 
 
 class MultipartUpload(Upload):
-    def __init__(self, backend: S3Backend, key: str, upload_id: str, name: str) -> None:
+    """One multipart upload of ``key``, created with the metadata of ``stored`` (the
+    attributes the committed entry shows and the backend then remembers)."""
+
+    def __init__(self, backend: S3Backend, key: str, upload_id: str, name: str,
+                 stored: StoredAttributes | None = None) -> None:
         self.backend = backend
         self.key = key
         self.upload_id = upload_id
         self.name = name
+        self.stored = stored or StoredAttributes()
         self.etags: dict[int, str] = {}
         self.digests: dict[int, bytes] = {}
 
@@ -64,7 +70,7 @@ class MultipartUpload(Upload):
 
     async def write_part(self, number: int, offset: int, data: bytes) -> None:
         digest = await md5_of(data)
-        response = await self.backend._api().request(
+        response = await self.backend._request(
             "PUT", self._target({"partNumber": str(number), "uploadId": self.upload_id}),
             what=f"part {number} of {self.key}", content=data,
             headers={"Content-MD5": content_md5(digest)})
@@ -85,18 +91,22 @@ class MultipartUpload(Upload):
             f"<Part><PartNumber>{n}</PartNumber><ETag>{xml_escape(self.etags[n])}</ETag></Part>"
             for n in numbers) + "</CompleteMultipartUpload>"
         timeout = self.backend.settings.timeout + self.commit_seconds()
-        response = await self.backend._api().request(
+        response = await self.backend._request(
             "POST", self._target({"uploadId": self.upload_id}), what=f"complete {self.key}",
             content=body.encode(), timeout=timeout)
         answered = result(response, f"complete {self.key}").get("ETag", "")
-        etag = self.backend._predicted(multipart_etag([self.digests[n] for n in numbers]),
-                                       answered, self.key)
-        return Entry(name=self.name, kind=Kind.FILE, size=size, mtime_ns=time.time_ns(),
-                     version=etag)
+        if len(self.digests) == len(numbers):
+            etag = self.backend._predicted(
+                multipart_etag([self.digests[n] for n in numbers]), answered, self.key)
+        else:  # parts copied on the server: no digest to predict from
+            etag = answered.strip('"')
+        self.backend.memo.remember(self.key, etag, None, self.stored)
+        return self.stored.shown_by(Entry(name=self.name, kind=Kind.FILE, size=size,
+                                          mtime_ns=time.time_ns(), version=etag))
 
     async def abort(self) -> None:
         try:
-            await self.backend._api().request(
+            await self.backend._request(
                 "DELETE", self._target({"uploadId": self.upload_id}), expect=(200, 204, 404),
                 what=f"abort upload of {self.key}")
         except RucioFsError as exc:

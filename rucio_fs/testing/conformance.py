@@ -16,7 +16,7 @@ subclass the classes that apply in a pytest module and give the fixtures they as
             return Sample("/data", {"a.dat": SampleFile(4096, "<md5 hex>")}, subdirs=("sub",))
 
 * :class:`BackendConformance`: URLs, listing with attributes, stat, errors, ranged reads,
-  modification times set (read back by a new client) or refused;
+  attributes set (read back by a new client) or left out of the returned entry;
   a backend that declares ``WRITE`` must also be tested with :class:`WritableConformance`
   (a test says so), whose default ``sample`` is written by the suite itself.
 * :class:`WritableConformance`: puts, uploads in parts, odd names, and each namespace change;
@@ -41,7 +41,7 @@ import pytest
 import trio
 
 from .. import errors
-from ..backend import Backend, Capability, Entry, Kind, usable_name
+from ..backend import Attributes, Backend, Capability, Entry, Kind, usable_name
 from ..registry import open_backend
 
 T = TypeVar("T")
@@ -261,33 +261,32 @@ class BackendConformance:
 
         run_with(url, check)
 
-    def test_times_are_set_or_refused(self, url: str, sample: Sample) -> None:
-        """A modification time set is the time the server gives a new client (its stat and
-        its listing); a backend whose catalog cannot store it refuses with NotPermitted and
-        the server keeps the time it had."""
+    def test_attributes_are_stored_or_left_out(self, url: str, sample: Sample) -> None:
+        """Each attribute set is either stored — a new client's stat shows it (and its
+        listing, where the backend's listings carry stored attributes) — or left out of the
+        returned entry, the server keeping what it had; the content never changes."""
         name = next((n for n, f in sample.files.items() if f.size), next(iter(sample.files)))
         path = child(sample.directory, name)
-        wanted = 1_000_000_000 * 10**9  # whole seconds: every catalog can hold it exactly
+        wanted = Attributes(mtime_ns=1_000_000_000 * 10**9, mode=0o640)  # whole seconds
 
-        async def set_time(backend: Backend) -> tuple[Entry, Entry | None]:
+        async def set_them(backend: Backend) -> tuple[Entry, Entry]:
             before = await backend.stat(path)
-            try:
-                return before, await backend.set_mtime(path, before, wanted, now=False)
-            except errors.RucioFsError as exc:
-                assert isinstance(exc, errors.NotPermitted), (
-                    f"a time that cannot be stored is refused with NotPermitted, not {exc!r}")
-                return before, None
+            return before, await backend.set_attributes(path, before, wanted)
 
-        async def read_back(backend: Backend) -> tuple[Entry, Entry]:
-            return await backend.stat(path), (await listed(backend, sample.directory))[name]
+        async def read_back(backend: Backend) -> tuple[Entry, Entry, bytes]:
+            stat = await backend.stat(path)
+            return (stat, (await listed(backend, sample.directory))[name],
+                    await read_all(backend, path, stat))
 
-        before, after = run_with(url, set_time)
-        stat, in_listing = run_with(url, read_back)  # a new backend: the server's answer
-        expected = before.mtime_ns if after is None else wanted
-        if after is not None:
-            assert after.mtime_ns == wanted, "set_mtime returned another time than it set"
-        assert stat.mtime_ns == expected, (stat.mtime_ns, expected)
-        assert in_listing.mtime_ns == expected, (in_listing.mtime_ns, expected)
+        before, after = run_with(url, set_them)
+        for field_name in ("mtime_ns", "mode"):
+            assert getattr(after, field_name) in (getattr(wanted, field_name),
+                                                  getattr(before, field_name)), field_name
+        stat, in_listing, content = run_with(url, read_back)  # a new client: the server's
+        assert (stat.mtime_ns, stat.mode) == (after.mtime_ns, after.mode)
+        if in_listing.complete:
+            assert (in_listing.mtime_ns, in_listing.mode) == (after.mtime_ns, after.mode)
+        assert hashlib.md5(content).hexdigest() == sample.files[name].md5
 
     def test_reads_at_any_offset_give_the_files_bytes(self, url: str, sample: Sample) -> None:
         names = sorted(sample.files, key=lambda n: -sample.files[n].size)[:4]
@@ -516,6 +515,47 @@ class WritableConformance(BackendConformance):
                 await backend.set_xattr(path, entry, "no-such-namespace.key", b"1")
 
         run_with(url, check)
+
+    def test_symbolic_links(self, url: str, scratch: str) -> None:
+        """A link's target comes back as given (never resolved); a new client's stat
+        shows a link; it is removed like a file."""
+        path, target = child(scratch, "link"), "../somewhere/else with space.dat"
+        if not self._declares(url, Capability.SYMLINK):
+            self._refuses(url, lambda backend: backend.symlink(path, target))
+            return
+
+        async def make(backend: Backend) -> Entry:
+            made = await backend.symlink(path, target)
+            with pytest.raises(errors.AlreadyExists):
+                await backend.symlink(path, "other")
+            return made
+
+        async def check(backend: Backend) -> None:
+            entry = await backend.stat(path)
+            assert (entry.kind, entry.size) == (Kind.SYMLINK, len(target.encode()))
+            assert await backend.readlink(path, entry) == target
+            in_listing = (await listed(backend, scratch))["link"]
+            assert in_listing.kind is Kind.SYMLINK or not in_listing.complete
+            await backend.unlink(path)
+            with pytest.raises(errors.NotFound):
+                await backend.stat(path)
+
+        assert run_with(url, make).kind is Kind.SYMLINK
+        run_with(url, check)
+
+    def test_a_put_carries_its_attributes(self, url: str, scratch: str) -> None:
+        """What a put stores of the attributes it is given, a new client's stat shows."""
+        path = child(scratch, "with-attributes.dat")
+        wanted = Attributes(mtime_ns=1_200_000_000 * 10**9, mode=0o600)
+
+        async def put(backend: Backend) -> Entry:
+            sent = await backend.put(path, b"content", wanted)
+            return await backend.confirm(path, sent)
+
+        stored = run_with(url, put)
+        stat = run_with(url, lambda backend: backend.stat(path))
+        assert (stat.mtime_ns, stat.mode) == (stored.mtime_ns, stored.mode)
+        assert stat.mode in (0o600, None) or stored.mode != 0o600  # stored, or not at all
 
     @staticmethod
     def _refuses(url: str, call: Callable[[Backend], Awaitable[Any]]) -> None:

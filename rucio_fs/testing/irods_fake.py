@@ -1,7 +1,10 @@
 """A fake iRODS HTTP API (0.7.0) for the tests: the subset rucio-fs uses, with its quirks.
 
 No iRODS server can be installed on the machines this project is built on, so this server
-implements the documented behaviour (``../shared/notes/irods-and-rucio-clients.md`` §1):
+implements the documented behaviour (``../shared/notes/irods-and-rucio-clients.md`` §1), and
+where the documentation is silent, what the API's handlers and iRODS's own APIs do
+(``irods_client_http_api`` ``endpoints/*/src/main.cpp``, ``irods`` ``plugins/api/src/
+touch.cpp``, ``rodsErrorTable.h``):
 
 * ``POST /authenticate`` (Basic) gives a bearer token that lives ``token_lifetime`` seconds
   whether used or not; an expired or unknown token gets **401**.
@@ -13,14 +16,28 @@ implements the documented behaviour (``../shared/notes/irods-and-rucio-clients.m
   streams per handle and 15 in all, else **503**; a stream used by two requests at once gets
   **429**), ``touch``, ``remove`` (to the trash unless ``no-trash``), ``rename``,
   ``truncate`` (``size`` required), ``modify_metadata`` (atomic), ``calculate_checksum``.
+* ``touch``: ``seconds-since-epoch`` (a C ``int``: from 0 to 2038; not a number or out of
+  range: a bare **400**, negative: INPUT_ARG_NOT_WELL_FORMED_ERR) or ``reference`` (not
+  both); collections are never created, and a missing path with ``no-create`` (always, for
+  collections) is **success with nothing done**. A data object's touch changes one replica:
+  ``replica-number``'s, ``leaf-resource``'s, else the newest good one's, and needs
+  ``modify_metadata``; a collection's needs ``modify_object``. The wrong kind of path gets
+  **400** with NOT_A_COLLECTION / NOT_A_DATA_OBJECT.
 * ``GET /query``: GenQuery2 (``select … where … [order by …] [limit n] [offset n]``, whole
   result at once, 256 rows when no limit) and GenQuery1 (rows capped at 15 per request,
   paged with ``offset``/``count``); only objects the user holds a permission on are seen.
+  With GenQuery2 off (iRODS before 4.3.2), a GenQuery2 query gets **400** with
+  SYS_UNMATCHED_API_NUM.
 * Failures of namespace operations come as **HTTP 200 with a negative status code**, as the
   real handlers do; a read of a missing object is 404; ``list`` of a data object is 400.
+  Permission levels are ordered as the catalog orders them (``read_object`` is below
+  ``modify_metadata``, which is below ``modify_object``).
 
-Test controls live under ``/_fake/`` (no auth): ``seed``, ``stats``, ``config`` (latency,
-token lifetime, expire all tokens, GenQuery2 on/off), ``object`` (the stored bytes).
+Test controls live under ``/_fake/`` (no auth): ``seed`` (files, with ``stale`` extra
+replicas: ``size``, ``mtime``, optional ``status`` and ``number``), ``stats`` (request counts,
+armed faults), ``config`` (latency, token lifetime, expire all tokens, GenQuery2 on/off,
+``fail``: answer the next requests of an endpoint and op with an iRODS error code, see
+:meth:`State.arm`), ``object`` (the stored bytes, time and replicas).
 
 Run: ``python -m rucio_fs.testing.irods_fake --port N [--zone Z]``; it prints ``ready`` when
 listening. :func:`start` does that on a free port.
@@ -56,26 +73,62 @@ STREAMS_PER_HANDLE = 3
 STREAMS_TOTAL = 15
 ROW_CAP = 15
 GQ2_DEFAULT_ROWS = 256
-LEVELS = {"read_metadata": 1, "read_object": 2, "read": 2, "create_metadata": 2,
-          "modify_metadata": 2, "delete_metadata": 2, "create_object": 3, "modify_object": 4,
-          "write": 4, "delete_object": 4, "own": 5}
+#: Permission levels as the catalog orders them (R_TOKN_MAIN ``access_type``); ``read`` and
+#: ``write`` are the iRODS 4.2 names of ``read_object`` and ``modify_object``.
+LEVELS = {"read_metadata": 1040, "read_object": 1050, "read": 1050, "create_metadata": 1070,
+          "modify_metadata": 1080, "delete_metadata": 1090, "create_object": 1110,
+          "modify_object": 1120, "write": 1120, "delete_object": 1130, "own": 1200}
+#: The resource holding replica 0 of every data object (an extra replica's resource is not
+#: modelled: naming it finds no replica).
+DEFAULT_RESOURCE = "demoResc"
+#: The range of C++ ``int``, which the API's ``std::stoi`` parses into.
+INT_MIN, INT_MAX = -2**31, 2**31 - 1
 
 # rodsErrorTable.h
+SYS_UNMATCHED_API_NUM = -12000
+SYS_RESC_DOES_NOT_EXIST = -78000
+SYS_INVALID_INPUT_PARAM = -130000
+SYS_REPLICA_DOES_NOT_EXIST = -164000
+SYS_NO_GOOD_REPLICA = -166000
+NOT_A_COLLECTION = -170000
+NOT_A_DATA_OBJECT = -171000
 OBJ_PATH_DOES_NOT_EXIST = -358000
+USER_INCOMPATIBLE_PARAMS = -402000
+CAT_NO_ROWS_FOUND = -808000
 CAT_UNKNOWN_COLLECTION = -814000
 CAT_NO_ACCESS_PERMISSION = -818000
-CAT_NAME_EXISTS_AS_COLLECTION = -809000
-CAT_NAME_EXISTS_AS_DATAOBJ = -812000
 CAT_COLLECTION_NOT_EMPTY = -821000
-SYS_INVALID_INPUT_PARAM = -130000
-SYS_NOT_SUPPORTED = -169000
-NOT_A_COLLECTION = -822000
+CAT_NAME_EXISTS_AS_COLLECTION = -833000
+CAT_NAME_EXISTS_AS_DATAOBJ = -834000
+INPUT_ARG_NOT_WELL_FORMED_ERR = -1084000
+INVALID_OBJECT_TYPE = -1105000
 
 
 class Failure(Exception):
+    """A failed request: answered with HTTP ``http`` and ``irods_response`` holding ``code``,
+    ``message`` (when not empty) and ``extra``."""
+
     def __init__(self, code: int, message: str, http: int = 200, **extra: Any) -> None:
         super().__init__(message)
         self.code, self.message, self.http, self.extra = code, message, http, extra
+
+
+class BadRequest(Failure):
+    """The API's bare refusal of a request it cannot parse (a parameter missing, a number
+    that is none): HTTP 400 with an empty body."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, message, http=400)
+
+
+def stoi(text: str) -> int:
+    """What C++ ``std::stoi`` makes of ``text`` (blanks, a sign and digits; anything after
+    them ignored); BadRequest where it throws (no digits, a number outside ``int``), as the
+    API answers then."""
+    match = re.match(r"\s*([+-]?\d+)", text)
+    if match is None or not INT_MIN <= int(match.group(1)) <= INT_MAX:
+        raise BadRequest(f"{text!r} is not an int")
+    return int(match.group(1))
 
 
 @dataclass
@@ -96,6 +149,18 @@ class Obj:
     stale: list[Replica] = field(default_factory=list)  # extra replicas, shown by queries
     status: str = "1"
     ident: int = 0
+
+    def replicas(self) -> list[Replica]:
+        """Replica 0 (this object's own bytes, on :data:`DEFAULT_RESOURCE`) and the extra
+        ones, in the catalog's order; a change to them does not change the object."""
+        return [Replica(0, len(self.data), self.mtime, self.status), *self.stale]
+
+    def set_replica_mtime(self, number: int, mtime: int) -> None:
+        """Set the modification time of replica ``number`` (which exists)."""
+        if number == 0:
+            self.mtime = mtime
+        else:
+            next(r for r in self.stale if r.number == number).mtime = mtime
 
 
 @dataclass
@@ -137,6 +202,8 @@ class State:
         self.objs: dict[str, Obj] = {}
         self.handles: dict[str, Handle] = {}
         self.counts: Counter[str] = Counter()
+        #: Armed failures (see :meth:`arm`), in the order they were armed.
+        self.faults: list[dict[str, Any]] = []
         self.next_id = 10000
         for path in ("/", f"/{zone}", f"/{zone}/home", f"/{zone}/trash",
                      f"/{zone}/trash/home", f"/{zone}/home/public"):
@@ -192,6 +259,94 @@ class State:
         self.free(path)
         return parent
 
+    # -- touch (the server's API; the HTTP API checks the kind of the path first) ---------
+
+    def touch(self, user: str, lpath: str, options: dict[str, Any]) -> None:
+        """Set the modification time of ``lpath`` as the iRODS ``touch`` API does with
+        ``options`` (``no_create``, ``replica_number``, ``leaf_resource_name``,
+        ``seconds_since_epoch``, ``reference``): a missing path with ``no_create`` is no
+        error and no change; otherwise a missing path becomes an empty data object. A
+        collection needs ``modify_object``, a data object ``modify_metadata`` (the catalog's
+        check of a metadata update), and only one replica changes: the one named, else the
+        newest good one."""
+        if not lpath:
+            raise Failure(INPUT_ARG_NOT_WELL_FORMED_ERR, "[logical_path] cannot be empty.")
+        check_touch_options(options)
+        if lpath not in self.colls and lpath not in self.objs:
+            if options.get("no_create"):
+                return
+            self._touch_create(user, lpath, options)
+        mtime = self._touch_time(user, options)
+        if lpath in self.colls:
+            if "replica_number" in options or "leaf_resource_name" in options:
+                raise Failure(USER_INCOMPATIBLE_PARAMS, "[replica_number] and "
+                              "[leaf_resource_name] cannot be used for collections.")
+            coll = self.colls[lpath]
+            self.need(user, coll.acl, "modify_object", lpath)
+            coll.mtime = mtime
+            return
+        obj = self.objs[lpath]
+        self.need(user, obj.acl, "modify_metadata", lpath)
+        obj.set_replica_mtime(touched_replica(obj, options), mtime)
+
+    def _touch_create(self, user: str, lpath: str, options: dict[str, Any]) -> None:
+        if "replica_number" in options:
+            raise Failure(OBJ_PATH_DOES_NOT_EXIST,
+                          "Replica numbers cannot be used when creating new data objects.")
+        resource = options.get("leaf_resource_name", DEFAULT_RESOURCE)
+        if resource != DEFAULT_RESOURCE:
+            raise Failure(SYS_RESC_DOES_NOT_EXIST, f"no resource {resource}")
+        self.creatable(user, lpath)
+        self.objs[lpath] = self.new_obj(b"", {user: "own"})
+
+    def _touch_time(self, user: str, options: dict[str, Any]) -> int:
+        """The time ``touch`` sets: the reference's, the given one, or now."""
+        if "reference" in options:
+            return self.last_write_time(user, options["reference"])
+        if "seconds_since_epoch" in options:
+            return int(options["seconds_since_epoch"])
+        return now()
+
+    def last_write_time(self, user: str, lpath: str) -> int:
+        """The modification time of what ``user`` sees at ``lpath``: a collection's, a data
+        object's newest good replica's (INVALID_OBJECT_TYPE for nothing seen there)."""
+        coll, obj = self.colls.get(lpath), self.objs.get(lpath)
+        if coll is not None and self.level(user, coll.acl) >= 1:
+            return coll.mtime
+        if obj is not None and self.level(user, obj.acl) >= 1:
+            times = [r.mtime for r in obj.replicas() if r.status == "1"]
+            if not times:
+                raise Failure(CAT_NO_ROWS_FOUND, f"no good replica of {lpath}")
+            return max(times)
+        raise Failure(INVALID_OBJECT_TYPE, f"cannot get mtime: {lpath}")
+
+    # -- failures on demand -----------------------------------------------------------------
+
+    def arm(self, faults: list[dict[str, Any]] | dict[str, Any] | None) -> None:
+        """Answer the next requests of an ``endpoint`` (``/data-objects``) and ``op``
+        (``write``) with iRODS error ``code`` instead of doing them, as a server does that
+        refuses them: HTTP ``http`` (default 200) with the code and ``message``, ``times``
+        times (default 1; -1: until disarmed). None or []: disarm all."""
+        if not faults:
+            self.faults.clear()
+            return
+        for fault in faults if isinstance(faults, list) else [faults]:
+            if not str(fault.get("endpoint", "")).startswith("/") or not fault.get("op"):
+                raise ValueError(f"a fault needs an endpoint and an op: {fault}")
+            self.faults.append({"endpoint": fault["endpoint"], "op": fault["op"],
+                                "code": int(fault["code"]), "http": int(fault.get("http", 200)),
+                                "message": str(fault.get("message", "injected failure")),
+                                "times": int(fault.get("times", 1))})
+
+    def take_fault(self, endpoint: str, op: str) -> dict[str, Any] | None:
+        """The armed fault that answers this request, counted as used; None for none."""
+        for fault in self.faults:
+            if fault["endpoint"] == endpoint and fault["op"] == op and fault["times"] != 0:
+                if fault["times"] > 0:
+                    fault["times"] -= 1
+                return fault
+        return None
+
     def trash_path(self, user: str, path: str) -> str:
         base = f"/{self.zone}/trash/home/{user}"
         return f"{base}/{path.rpartition('/')[2]}.{uuid.uuid4().hex[:8]}"
@@ -209,6 +364,44 @@ class State:
             if parent not in self.colls:
                 self.seed(parent, {}, owner, acl)
             self.objs[path] = self.new_obj(data, {owner: "own", **(acl or {})})
+
+
+def check_touch_options(options: dict[str, Any]) -> None:
+    """The ``touch`` API's checks of its options, in its order."""
+    if "replica_number" in options and "leaf_resource_name" in options:
+        raise Failure(USER_INCOMPATIBLE_PARAMS,
+                      "[replica_number] and [leaf_resource_name] cannot be used together.")
+    if "reference" in options and "seconds_since_epoch" in options:
+        raise Failure(USER_INCOMPATIBLE_PARAMS,
+                      "[reference] and [seconds_since_epoch] cannot be used together.")
+    for name in ("leaf_resource_name", "reference"):
+        if name in options and not options[name]:
+            raise Failure(INPUT_ARG_NOT_WELL_FORMED_ERR, f"[{name}] cannot be empty.")
+    for name in ("replica_number", "seconds_since_epoch"):
+        if options.get(name, 0) < 0:
+            raise Failure(INPUT_ARG_NOT_WELL_FORMED_ERR, f"[{name}] cannot be less than zero.")
+
+
+def touched_replica(obj: Obj, options: dict[str, Any]) -> int:
+    """The replica ``touch`` changes: the one numbered, the one on the resource named, else
+    the good one with the latest time (the first of equals)."""
+    replicas = obj.replicas()
+    if "replica_number" in options:
+        if all(r.number != options["replica_number"] for r in replicas):
+            raise Failure(SYS_REPLICA_DOES_NOT_EXIST,
+                          "Replica does not exist matching that replica number.")
+        return int(options["replica_number"])
+    if "leaf_resource_name" in options:
+        if options["leaf_resource_name"] != DEFAULT_RESOURCE:
+            raise Failure(SYS_REPLICA_DOES_NOT_EXIST, "Replica does not exist in resource.")
+        return 0
+    latest: Replica | None = None
+    for replica in replicas:
+        if replica.status == "1" and (latest is None or replica.mtime > latest.mtime):
+            latest = replica
+    if latest is None:
+        raise Failure(SYS_NO_GOOD_REPLICA, "No good replicas found.")
+    return latest.number
 
 
 # -- GenQuery ------------------------------------------------------------------------------
@@ -363,8 +556,7 @@ def query_rows(state: State, user: str, query: Query) -> list[list[str]]:
             coll, _, name = path.rpartition("/")
             base = {"COLL_NAME": coll or "/", "DATA_NAME": name, "DATA_ID": str(obj.ident),
                     "DATA_CHECKSUM": obj.checksum}
-            replicas = [Replica(0, len(obj.data), obj.mtime, obj.status), *obj.stale]
-            for replica in replicas:
+            for replica in obj.replicas():
                 row = {**base, "DATA_SIZE": str(replica.size),
                        "DATA_MODIFY_TIME": _time(replica.mtime),
                        "DATA_REPL_NUM": str(replica.number),
@@ -514,9 +706,16 @@ class Handler(BaseHTTPRequestHandler):
             handler = getattr(self, f"_{endpoint.strip('/').replace('-', '_')}", None)
             if handler is None:
                 raise Failure(SYS_INVALID_INPUT_PARAM, f"no endpoint {endpoint}", http=404)
+            with self.state.lock:
+                fault = self.state.take_fault(endpoint, op)
+            if fault is not None:
+                raise Failure(fault["code"], fault["message"], http=fault["http"])
             handler(user, method, op, params, body)
+        except BadRequest:
+            self._send(400, b"")
         except Failure as failure:
-            status = {"status_code": failure.code, "status_message": failure.message,
+            status = {"status_code": failure.code,
+                      **({"status_message": failure.message} if failure.message else {}),
                       **failure.extra}
             self._json(failure.http, {"irods_response": status})
 
@@ -555,7 +754,8 @@ class Handler(BaseHTTPRequestHandler):
             raise Failure(SYS_INVALID_INPUT_PARAM, f"unsupported op {op}", http=400)
         parser = params.get("parser", "genquery1")
         if parser == "genquery2" and not self.state.gq2:
-            raise Failure(SYS_NOT_SUPPORTED, "GenQuery2 is not available", http=400)
+            # iRODS before 4.3.2 has no GenQuery2 API; the HTTP API passes its error on
+            raise Failure(SYS_UNMATCHED_API_NUM, "", http=400)
         query = parse_query(params.get("query", ""))
         with self.state.lock:
             rows = query_rows(self.state, user, query)
@@ -580,7 +780,7 @@ class Handler(BaseHTTPRequestHandler):
                          modified_at=coll.mtime, permissions=self._permissions(coll.acl))
             elif op == "list":
                 if lpath in state.objs:
-                    raise Failure(NOT_A_COLLECTION, "NOT_A_COLLECTION", http=400)
+                    raise Failure(NOT_A_COLLECTION, "", http=400)
                 state.coll(lpath)
                 entries = sorted(p for p in [*state.colls, *state.objs]
                                  if p != lpath and parent_of(p) == lpath)
@@ -609,15 +809,37 @@ class Handler(BaseHTTPRequestHandler):
             elif op == "rename":
                 self._rename(user, params, collection=True)
             elif op == "touch":
-                self._touch(user, state.coll(lpath), lpath, params)
+                self._touch(user, params, collection=True)
             elif op == "modify_metadata":
                 self._modify_metadata(user, state.coll(lpath), lpath, params)
             else:
                 raise Failure(SYS_INVALID_INPUT_PARAM, f"unsupported op {op}", http=400)
 
-    def _touch(self, user: str, entry: Coll | Obj, lpath: str, params: dict[str, str]) -> None:
-        self.state.need(user, entry.acl, "modify_object", lpath)
-        entry.mtime = int(params.get("seconds-since-epoch") or now())
+    def _touch(self, user: str, params: dict[str, str], collection: bool) -> None:
+        """``touch`` of ``/collections`` (never creates; takes ``seconds-since-epoch`` and
+        ``reference``) or ``/data-objects`` (also ``no-create``, ``replica-number``,
+        ``leaf-resource``): parameters as the HTTP API parses them, then the server's API."""
+        if "lpath" not in params:
+            raise BadRequest("missing lpath")
+        lpath = params["lpath"]
+        options: dict[str, Any] = {"no_create": True} if collection else {}
+        if not collection:
+            if "no-create" in params:
+                options["no_create"] = params["no-create"] == "1"
+            if "replica-number" in params:
+                options["replica_number"] = stoi(params["replica-number"])
+            if "leaf-resource" in params:
+                options["leaf_resource_name"] = params["leaf-resource"]
+        if "seconds-since-epoch" in params:
+            options["seconds_since_epoch"] = stoi(params["seconds-since-epoch"])
+        if "reference" in params:
+            options["reference"] = params["reference"]
+        state = self.state
+        if collection and lpath in state.objs:
+            raise Failure(NOT_A_COLLECTION, "", http=400)
+        if not collection and lpath in state.colls:
+            raise Failure(NOT_A_DATA_OBJECT, "", http=400)
+        state.touch(user, lpath, options)
         self._ok()
 
     def _modify_metadata(self, user: str, entry: Coll | Obj, lpath: str,
@@ -657,12 +879,7 @@ class Handler(BaseHTTPRequestHandler):
                 obj.data, obj.mtime, obj.checksum, obj.status = handle.buffer, now(), "", "1"
                 self._ok()
             elif op == "touch":
-                if lpath not in state.objs:
-                    if params.get("no-create") == "1":
-                        raise Failure(OBJ_PATH_DOES_NOT_EXIST, f"no data object {lpath}")
-                    state.creatable(user, lpath)
-                    state.objs[lpath] = state.new_obj(b"", {user: "own"})
-                self._touch(user, state.obj(lpath), lpath, params)
+                self._touch(user, params, collection=False)
             elif op == "remove":
                 obj = state.obj(lpath)
                 state.need(user, obj.acl, "delete_object", lpath)
@@ -841,7 +1058,8 @@ class Handler(BaseHTTPRequestHandler):
                            request.get("acl"))
                 for relative, extra in request.get("stale", {}).items():
                     obj = state.objs[f"{request['collection']}/{relative}"]
-                    obj.stale.append(Replica(1, extra["size"], extra["mtime"], "0"))
+                    obj.stale.append(Replica(int(extra.get("number", 1)), extra["size"],
+                                             extra["mtime"], str(extra.get("status", "0"))))
                 for relative, avus in request.get("avus", {}).items():
                     state.objs[f"{request['collection']}/{relative}"].avus = [
                         tuple(a) for a in avus]
@@ -851,7 +1069,8 @@ class Handler(BaseHTTPRequestHandler):
             elif name == "stats":
                 self._json(200, {"counts": dict(state.counts),
                                  "open_handles": len(state.handles),
-                                 "tokens": len(state.tokens)})
+                                 "tokens": len(state.tokens),
+                                 "faults": [dict(f) for f in state.faults]})
             elif name == "reset-stats":
                 state.counts.clear()
                 self._json(200, {})
@@ -867,6 +1086,8 @@ class Handler(BaseHTTPRequestHandler):
                     state.streams_total = int(request["streams_total"])
                 if "gq2" in request:
                     state.gq2 = bool(request["gq2"])
+                if "fail" in request:
+                    state.arm(request["fail"])
                 self._json(200, {})
             elif name == "object":
                 obj = state.objs.get(params.get("lpath", ""))
@@ -874,7 +1095,9 @@ class Handler(BaseHTTPRequestHandler):
                     self._json(404, {})
                     return
                 self._json(200, {"data": base64.b64encode(obj.data).decode(),
-                                 "avus": obj.avus, "mtime": obj.mtime, "acl": obj.acl})
+                                 "avus": obj.avus, "mtime": obj.mtime, "acl": obj.acl,
+                                 "replicas": [[r.number, r.mtime, r.status]
+                                              for r in obj.replicas()]})
             elif name == "exists":
                 path = params.get("lpath", "")
                 self._json(200, {"collection": path in state.colls,
