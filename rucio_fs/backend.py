@@ -89,6 +89,24 @@ class Attributes:
             self.uid if later.uid is None else later.uid,
             self.gid if later.gid is None else later.gid)
 
+    def as_record(self) -> dict[str, int]:
+        """The set attributes by name (how journal records carry them)."""
+        return {name: value for name, value in (
+            ("mtime_ns", self.mtime_ns), ("mode", self.mode), ("uid", self.uid),
+            ("gid", self.gid)) if value is not None}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Attributes:
+        """The attributes :meth:`as_record` wrote into ``record`` (other keys ignored)."""
+        return cls(*(None if record.get(name) is None else int(record[name])
+                     for name in ("mtime_ns", "mode", "uid", "gid")))
+
+    def unlike(self, other: Attributes) -> Attributes:
+        """Those of these attributes that ``other`` does not set to the same value."""
+        return Attributes(*(None if mine == theirs else mine for mine, theirs in (
+            (self.mtime_ns, other.mtime_ns), (self.mode, other.mode), (self.uid, other.uid),
+            (self.gid, other.gid))))
+
     def missing_from(self, entry: Entry) -> Attributes:
         """Those of these attributes that ``entry`` does not show (what a backend could not
         store)."""

@@ -573,9 +573,7 @@ class Catalog:
         kept = self._kept.get(parent, {}).get(name)
         if kept is None:
             return
-        left = Attributes(*(None if new is not None and new == old else old for new, old in (
-            (attributes.mtime_ns, kept.mtime_ns), (attributes.mode, kept.mode),
-            (attributes.uid, kept.uid), (attributes.gid, kept.gid))))
+        left = kept.unlike(attributes)
         if left:
             self._kept[parent][name] = left
         else:

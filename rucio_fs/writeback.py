@@ -307,7 +307,7 @@ class DirtyFile:
             "op": "stage", "path": self.path, **self._location(inline is not None),
             "base": None if base is None else {"size": base.size, "version": base.version,
                                                "mtime_ns": base.mtime_ns},
-            **_attribute_fields(self.attributes)}, inline)
+            **self.attributes.as_record()}, inline)
         self.inline = inline is not None
         if old is not None:
             self.wb.journal.done(old, carried_out=False)  # superseded by the new record
@@ -429,8 +429,7 @@ class DirtyFile:
         """After the content is confirmed: attributes set after its upload began are stored
         now; those the backend does not store are kept for the mount's life."""
         catalog, wanted = self.wb.catalog, self.attributes
-        later = Attributes(*(None if new == sent else new for new, sent in zip(
-            _fields(wanted), _fields(self._sent), strict=True)))
+        later = wanted.unlike(self._sent)
         if later:
             entry = await catalog.set_attributes(self.path, entry, later)
         catalog.stored_attributes(self.path, wanted, entry)
@@ -726,7 +725,8 @@ class WriteBack:
                     if "sidecar" in record:
                         sidecars.append(record["sidecar"])
             elif record.get("op") == "attrs":
-                self.queue_attributes(record["path"], _attributes_of(record)).maybe_sent = True
+                self.queue_attributes(record["path"],
+                                      Attributes.from_record(record)).maybe_sent = True
             elif record.get("op") in ("mkdir", "unlink", "rmdir"):
                 mode = record.get("mode")
                 entry = (Entry(name=record["path"].rpartition("/")[2], kind=Kind.DIR,
@@ -786,7 +786,7 @@ class WriteBack:
         else:  # journaled here with its content: durable at the sync that ends the adoption
             dirty = DirtyFile(self, rpath, base, staged=("", -1))
             dirty.size, dirty.in_journal = len(content), True
-        dirty.attributes = _attributes_of(record)
+        dirty.attributes = Attributes.from_record(record)
         if dirty.attributes.mtime_ns is not None:
             dirty.mtime_ns = dirty.attributes.mtime_ns
         dirty.materialized = dirty.dirty = True
@@ -976,7 +976,7 @@ class WriteBack:
     def queue_attributes(self, path: str, attributes: Attributes) -> Op:
         """Queue storing ``attributes`` of ``path`` (which has no pending content), after
         what is queued on it, above it and below it; the mount shows them at once."""
-        n = self.journal.append({"op": "attrs", "path": path, **_attribute_fields(attributes)})
+        n = self.journal.append({"op": "attrs", "path": path, **attributes.as_record()})
         op = Op(n, "attrs", path, attributes=attributes)
         self.queue.add(op)
         self.catalog.keep(path, attributes)
@@ -1221,25 +1221,6 @@ class WriteBack:
         self.files.clear()
         self.journal.close()
         self.arena.close()
-
-
-_ATTRIBUTE_NAMES = ("mtime_ns", "mode", "uid", "gid")
-
-
-def _fields(attributes: Attributes) -> tuple[int | None, ...]:
-    return tuple(getattr(attributes, name) for name in _ATTRIBUTE_NAMES)
-
-
-def _attribute_fields(attributes: Attributes) -> dict[str, int]:
-    """What a ``stage`` record says of the content's set attributes."""
-    return {name: value for name, value in zip(_ATTRIBUTE_NAMES, _fields(attributes),
-                                               strict=True) if value is not None}
-
-
-def _attributes_of(record: dict) -> Attributes:
-    """The set attributes a ``stage`` record names (see :func:`_attribute_fields`)."""
-    return Attributes(*(None if record.get(name) is None else int(record[name])
-                        for name in _ATTRIBUTE_NAMES))
 
 
 def child(directory: str, name: str) -> str:

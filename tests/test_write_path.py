@@ -339,14 +339,20 @@ def test_a_release_that_fails_still_lets_the_writer_go(tmp_path):
             backend.close = _CloseFails(backend).close  # type: ignore[method-assign]
             with pytest.raises(pyfuse3.FUSEError):
                 await fs.release(info.fh)
-            assert not harness.writes.files, "the failed release left its writer behind"
-            assert bytes(backend._file("/d/f").data) == b"STORED content"
-            await fs.unlink(d.st_ino, b"f", _ctx())
-            await fs.rmdir(ROOT_INO, b"d", _ctx())
+            await _no_writer_left(harness, fs, d, b"STORED content", "release")
             nursery.cancel_scope.cancel()
 
     trio.run(main)
 
+
+
+async def _no_writer_left(harness, fs, d, stored: bytes, what: str) -> None:
+    """After a failed ``what``: no writer holds ``/d/f``, the server keeps ``stored``, and
+    the file and its directory can be removed."""
+    assert not harness.writes.files, f"the failed {what} left its writer behind"
+    assert bytes(harness.backend._file("/d/f").data) == stored
+    await fs.unlink(d.st_ino, b"f", _ctx())
+    await fs.rmdir(ROOT_INO, b"d", _ctx())
 
 
 def test_the_retry_loop_survives_an_error_of_any_type(tmp_path, monkeypatch):
@@ -396,15 +402,11 @@ def test_a_create_that_fails_after_opening_lets_the_writer_go(tmp_path, monkeypa
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             harness, fs, d = await _with_stored_file(tmp_path, nursery)
-            backend = harness.backend
             monkeypatch.setattr(writeback_module.DirtyFile, "truncate", full_disk)
             with pytest.raises(pyfuse3.FUSEError):
                 await fs.create(d.st_ino, b"f", 0o100644, os.O_WRONLY | os.O_TRUNC, _ctx())
             monkeypatch.setattr(writeback_module.DirtyFile, "truncate", real_truncate)
-            assert not harness.writes.files, "the failed create left its writer behind"
-            assert bytes(backend._file("/d/f").data) == b"stored content"
-            await fs.unlink(d.st_ino, b"f", _ctx())
-            await fs.rmdir(ROOT_INO, b"d", _ctx())
+            await _no_writer_left(harness, fs, d, b"stored content", "create")
             nursery.cancel_scope.cancel()
 
     trio.run(main)
