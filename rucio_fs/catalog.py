@@ -62,6 +62,10 @@ log = logging.getLogger(__name__)
 #: The most entries a directory may have for a lookup to list it (see :meth:`Catalog.stat`).
 LOOKUP_LISTING_MAX = 5000
 
+#: Seconds listed names are answered from their listing alone after the server could not be
+#: asked for one's stored attributes (see :meth:`Catalog.stat`).
+UNREACHABLE_SECONDS = 10.0
+
 #: Cached in the metadata layer for a path that does not exist (a negative entry).
 _MISSING = Entry(name="", kind=Kind.FILE)
 
@@ -186,6 +190,9 @@ class Catalog:
         #: Attributes set through the mount that the backend could not store, kept for the
         #: mount's life and shown over what the backend says: directory -> name -> them.
         self._kept: dict[str, dict[str, Attributes]] = {}
+        #: Until when (monotonic) listed names are answered from their listing without asking
+        #: for their stored attributes: a completion just failed (the server is unreachable).
+        self._unreachable_until = 0.0
         #: Directories too big to list for a lookup, or whose listing failed: lookups there
         #: stat (remembered for the listing TTL).
         self._unlistable = ttl_cache(1024, lambda _x: config.listing_ttl)
@@ -240,7 +247,8 @@ class Catalog:
                 entry = listing.by_name.get(name)
                 if entry is None and self.backend.lists_everything(parent):
                     entry = _MISSING
-                elif entry is not None and not entry.complete and complete:
+                elif (entry is not None and not entry.complete and complete
+                      and time.monotonic() >= self._unreachable_until):
                     # A name looked up on its own (`stat`, `git status`, `rsync`) shows what
                     # is stored with it, which this listing could not carry.
                     listed, entry = entry, None
@@ -255,7 +263,10 @@ class Catalog:
             except Unavailable:
                 if listed is None:
                     raise
-                # The server cannot be asked now: the name is as its listing shows it.
+                # The server cannot be asked now: the name is as its listing shows it, and so
+                # are the other listed names for a while (`rm -r` during an outage must not
+                # wait for every name's retries).
+                self._unreachable_until = time.monotonic() + UNREACHABLE_SECONDS
                 return self._with_kept(path, listed)
             except NotFound:
                 self.metadata.put(path, _MISSING)
