@@ -107,6 +107,12 @@ class Attributes:
             (self.mtime_ns, other.mtime_ns), (self.mode, other.mode), (self.uid, other.uid),
             (self.gid, other.gid))))
 
+    def besides(self, other: Attributes) -> Attributes:
+        """Those of these attributes that ``other`` does not set at all."""
+        return Attributes(*(mine if theirs is None else None for mine, theirs in (
+            (self.mtime_ns, other.mtime_ns), (self.mode, other.mode), (self.uid, other.uid),
+            (self.gid, other.gid))))
+
     def missing_from(self, entry: Entry) -> Attributes:
         """Those of these attributes that ``entry`` does not show (what a backend could not
         store)."""
@@ -299,6 +305,12 @@ class Backend(ABC):
     @abstractmethod
     async def stat(self, path: str) -> Entry:
         """Attributes of one path; NotFound when it does not exist."""
+
+    async def complete(self, path: str, listed: Entry) -> Entry:
+        """The entry of ``path`` with what its listing could not carry: ``listed`` is a
+        listed entry with :attr:`Entry.complete` False, which settles the name's kind. The
+        default asks :meth:`stat`; a backend that can ask for less does (S3: a HEAD)."""
+        return await self.stat(path)
 
     @abstractmethod
     def list(self, path: str) -> AsyncIterator[Entry]:

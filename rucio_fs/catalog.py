@@ -196,6 +196,10 @@ class Catalog:
         #: Directories too big to list for a lookup, or whose listing failed: lookups there
         #: stat (remembered for the listing TTL).
         self._unlistable = ttl_cache(1024, lambda _x: config.listing_ttl)
+        #: Directories where a lookup lately found no cached answer, and the name: the next
+        #: such lookup of another name there lists the directory (a walk, `rsync`, `git
+        #: status` stat name after name) instead of a stat apiece.
+        self._looked_up_in = ttl_cache(4096, lambda _x: config.listing_ttl)
         #: Where listings are fetched and the shared tier is told of changes in the
         #: background; set by the daemon (None: in line).
         self.nursery: trio.Nursery | None = None
@@ -221,13 +225,18 @@ class Catalog:
         ``complete`` False: its existence and kind are all the caller needs, which an
         incomplete listed entry (:attr:`Entry.complete`) shows as well.
 
-        On a mount that creates names, once a lookup lately found nothing (names are being
-        created: ``cp -r``, untar, mdtest), an uncached lookup lists the parent once instead
-        of a stat, so each later name in it is answered from that listing rather than with
-        a stat apiece; a directory of more than :data:`LOOKUP_LISTING_MAX` entries is not
-        listed for it (nor tried again while remembered). In a directory made here whose
-        creation was never sent (async write-back), a name the overlay does not have does
-        not exist: nothing is asked."""
+        On a mount that creates names, an uncached lookup lists its directory instead of a
+        stat where another name was looked up uncached within the listing TTL (`rsync` and
+        `git status` stat name after name; resolving a path looks up one name per
+        directory), and everywhere once a lookup lately found nothing (``cp -r``, untar,
+        mdtest): each later name there is answered from that listing rather than with a
+        stat apiece. (A read-only mount keeps a stat per name: `cat` of a few files of a big
+        Rucio dataset must not wait for its listing.) A directory of more than
+        :data:`LOOKUP_LISTING_MAX` entries is not listed for it (nor tried again while
+        remembered). A listed name whose listing could not carry its stored attributes is
+        completed by :meth:`Backend.complete`. In a directory made here whose creation was
+        never sent (async write-back), a name the overlay does not have does not exist:
+        nothing is asked."""
         entry = self.overlay.entry(path)
         listed: Entry | None = None
         if entry is None:
@@ -239,9 +248,7 @@ class Catalog:
             if self.overlay.holds_all_of(parent):
                 raise NotFound(path)
             listing = self.listing.get(parent)
-            if (listing is None and self._making_names_until > time.monotonic()
-                    and not self._unlistable.get(parent) and self.listing.enabled
-                    and self.backend.lists_everything(parent)):
+            if listing is None and self._walks(parent, name):
                 listing = await self._small_listing(parent)
             if listing is not None:
                 entry = listing.by_name.get(name)
@@ -259,7 +266,9 @@ class Catalog:
                 self.metadata.put(path, entry)
         if entry is None:
             try:
-                entry = await self.calls.shared("stat", path, lambda: self.backend.stat(path))
+                entry = await self.calls.shared(
+                    "stat", path, lambda: self.backend.stat(path) if listed is None
+                    else self.backend.complete(path, listed))
             except Unavailable:
                 if listed is None:
                     raise
@@ -304,6 +313,20 @@ class Catalog:
         if not listing.entries and listing.error is not None:
             raise listing.error
         return listing
+
+    def _walks(self, parent: str, name: str) -> bool:
+        """Whether an uncached lookup of ``name`` in ``parent`` lists it (see
+        :meth:`stat`); counts this lookup."""
+        if (not self.makes_names or self._unlistable.get(parent) or not self.listing.enabled
+                or not self.backend.lists_everything(parent)):
+            return False
+        if self._making_names_until > time.monotonic():
+            return True
+        earlier = self._looked_up_in.get(parent)
+        if earlier is not None and earlier != name:
+            return True
+        self._looked_up_in[parent] = name
+        return False
 
     async def _small_listing(self, path: str) -> Listing | None:
         """The complete listing of directory ``path`` if it has at most
@@ -558,7 +581,11 @@ class Catalog:
 
     def stored_attributes(self, path: str, wanted: Attributes, entry: Entry) -> None:
         """The backend was asked to store ``wanted`` and now shows ``entry``: what it stored
-        is its own again, what it could not is kept here (:meth:`keep`)."""
+        is its own again, what it could not is kept here (:meth:`keep`). A change of the
+        same attribute queued since (async write-back) is what the mount shows meanwhile: a
+        queued ``mkdir``'s mode never hides a ``chmod`` made after it."""
+        if self.writeback is not None:
+            wanted = wanted.besides(self.writeback.queued_attributes(path))
         self._unkeep(path, wanted)
         self.keep(path, wanted.missing_from(entry))
 
@@ -756,6 +783,7 @@ class Catalog:
             if layer in ("metadata", "listing"):
                 getattr(self, layer).drop()
                 self._unlistable.clear()
+                self._looked_up_in.clear()
                 self._making_names_until = 0.0
                 if layer == "metadata":
                     self.xattr_cache.drop()

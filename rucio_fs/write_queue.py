@@ -205,6 +205,11 @@ class WriteQueue:
                         f"{self.queued_bytes} staged bytes) and the server took none of them "
                         f"within {timeout:g} s")
 
+    @property
+    def waited_on(self) -> bool:
+        """Whether a caller of :meth:`wait` is waiting (for ops it saw queued)."""
+        return self._waiters > 0
+
     def cancel(self, op: Op) -> bool:
         """Take ``op`` out before it started (it has nothing left to do); False if too late."""
         if op.running or op.done:

@@ -667,6 +667,8 @@ class WriteBack:
         self.arena = Arena(staging_dir)
         #: Queued mkdir ops by path: an rmdir before one starts cancels both.
         self._mkdirs: dict[str, Op] = {}
+        #: The newest queued attrs op of each path: a later change takes it over.
+        self._attrs: dict[str, Op] = {}
         #: Told (path, entry) when a queued upload has left nothing pending: the FUSE layer
         #: updates what the kernel was shown.
         self.on_uploaded: Callable[[str, Entry], None] = lambda _path, _entry: None
@@ -931,7 +933,9 @@ class WriteBack:
         """Carry out one queued op other than a removal (the queue batches those)."""
         if op.kind == "attrs":
             assert op.attributes is not None
-            entry = await self.catalog.stat(op.path)
+            # Existence and kind (and a file's version) are what storing needs: a listed
+            # entry without its stored attributes does, as the backend starts from them.
+            entry = await self.catalog.stat(op.path, complete=False)
             await self.catalog.set_attributes(op.path, entry, op.attributes)
             return
         if op.kind == "mkdir":
@@ -961,6 +965,8 @@ class WriteBack:
         self.journal.done(op.n)
         if self._mkdirs.get(op.path) is op:
             del self._mkdirs[op.path]
+        if self._attrs.get(op.path) is op:
+            del self._attrs[op.path]
         parent, _, name = op.path.rpartition("/")
         names = self.shadow.get(parent or "/")
         if names is not None and names.get(name, (0,))[0] == op.n:
@@ -975,12 +981,36 @@ class WriteBack:
 
     def queue_attributes(self, path: str, attributes: Attributes) -> Op:
         """Queue storing ``attributes`` of ``path`` (which has no pending content), after
-        what is queued on it, above it and below it; the mount shows them at once."""
+        what is queued on it, above it and below it; the mount shows them at once.
+
+        A queued attrs op of ``path`` that has not been tried yet is taken over: the new op
+        stores its change too, and it is cancelled (``rsync -a`` sets a new directory's time
+        and mode, then its time again once its files are in: one request instead of three).
+        Not while a :meth:`WriteQueue.wait` waits, as it may wait for exactly that op."""
+        earlier = self._attrs.get(path)
+        if (earlier is not None and earlier.attributes is not None and not earlier.running
+                and not earlier.done and not earlier.attempts and not self.queue.waited_on):
+            attributes = earlier.attributes.then(attributes)
+        else:
+            earlier = None
         n = self.journal.append({"op": "attrs", "path": path, **attributes.as_record()})
+        if earlier is not None and self.queue.cancel(earlier):
+            # After the new record: a crash between the two replays both, in order.
+            self.journal.done(earlier.n, carried_out=False)
         op = Op(n, "attrs", path, attributes=attributes)
+        self._attrs[path] = op
         self.queue.add(op)
         self.catalog.keep(path, attributes)
         return op
+
+    def queued_attributes(self, path: str) -> Attributes:
+        """What the newest queued attrs op of ``path`` sets, unless it is running (then it
+        is the change being stored, if any): a change the user made after whatever is being
+        stored now."""
+        op = self._attrs.get(path)
+        if op is None or op.running or op.done or op.attributes is None:
+            return NO_ATTRIBUTES
+        return op.attributes
 
     def queue_mkdir(self, path: str, entry: Entry) -> None:
         self._queue_change("mkdir", path, entry)

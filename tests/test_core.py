@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 import trio
@@ -265,6 +266,45 @@ def test_once_names_are_being_made_a_new_directory_is_listed_not_stat_first():
         with pytest.raises(NotFound):
             await catalog.stat("/d5/new")
         assert backend.calls == ["stat /d5/new"]
+
+    trio.run(main)
+
+
+class Incomplete(TwoLevels):
+    """:class:`TwoLevels` whose listings, like S3's, cannot carry the stored attributes: a
+    listed entry is incomplete, and ``complete`` (one request) gives the stored mode."""
+
+    async def list(self, path: str) -> AsyncIterator[Entry]:
+        async for entry in super().list(path):
+            yield replace(entry, complete=False)
+
+    async def stat(self, path: str) -> Entry:
+        return replace(await super().stat(path), mode=0o600)
+
+    async def complete(self, path: str, listed: Entry) -> Entry:
+        self.calls.append(f"complete {path}")
+        return replace(listed, mode=0o600, complete=True)
+
+
+def test_a_walk_lists_each_directory_once_and_completes_the_listed_names():
+    """`rsync` into a tree that exists stats name after name, every one found: on a mount
+    that creates names, the second uncached name of a directory lists it; each later name
+    is answered from the listing, completed with one request where the listing could not
+    carry its stored attributes, never a stat apiece. One name per directory (a path
+    resolved) lists nothing."""
+    backend = Incomplete()
+    catalog = catalog_of(backend, makes_names=True)
+
+    async def main() -> None:
+        for i in range(3):
+            assert (await catalog.stat(f"/d{i}/f0")).mode == 0o600
+        assert backend.calls == [f"stat /d{i}/f0" for i in range(3)]
+        backend.calls.clear()
+        for name in ("f1", "f2", "f3"):
+            assert (await catalog.stat(f"/d0/{name}")).mode == 0o600
+        assert (await catalog.stat("/d0/f2")).mode == 0o600  # completed once, then cached
+        assert backend.calls == ["list /d0", "complete /d0/f1", "complete /d0/f2",
+                                 "complete /d0/f3"]
 
     trio.run(main)
 

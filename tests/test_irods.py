@@ -9,6 +9,7 @@ import errno
 import hashlib
 import os
 import random
+import stat
 import subprocess
 import time
 
@@ -516,3 +517,33 @@ def test_a_spent_quota_or_full_storage_is_reported_as_such(mount_fs, irods_serve
             assert raised.value.errno == expected, raised.value
         finally:
             irods_server.configure(fail=None)
+
+
+def test_a_chmod_made_after_a_queued_mkdir_is_what_the_mount_shows(mount_fs, irods_server,
+                                                                   tmp_path):
+    """iRODS keeps no modes, so the mount keeps them. With async write-back, a directory made
+    0700 and then chmod'ed 0755 shows 0755 from the chmod on: also once its queued mkdir
+    (which asked for 0700) is stored while the chmod's own op still waits for its retry,
+    and after it."""
+    irods_server.require_fake()
+    collection = irods_server.collection("kept-in-order")
+    mnt = mount_irods(mount_fs, irods_server, collection, "--write-back", "async",
+                      "--no-kernel-cache", "--staging-dir", str(tmp_path / "staging"))
+    directory = mnt.path / "d"
+    # The mkdir's first try fails (the chmod queues behind it); the chmod's op keeps failing.
+    irods_server.configure(fail=[
+        {"endpoint": "/collections", "op": "create", "code": -154000, "times": 1},
+        {"endpoint": "/collections", "op": "touch", "code": -154000, "times": -1}])
+    try:
+        os.mkdir(directory, 0o700)
+        os.chmod(directory, 0o755)
+        os.utime(directory, (1_234_567_890, 1_234_567_890))  # its op sends a touch
+        wait_for(lambda: "queued attrs /d (try 2" in run_cli("uploads", str(mnt.path)).stdout,
+                 timeout=30, interval=0.1)
+        assert irods_server.kind(f"{collection}/d") is not None  # the mkdir is stored
+        assert stat.S_IMODE(os.stat(directory).st_mode) == 0o755
+    finally:
+        irods_server.configure(fail=None)
+    assert run_cli("uploads", "--wait", str(mnt.path)).returncode == 0
+    shown = os.stat(directory)
+    assert (stat.S_IMODE(shown.st_mode), shown.st_mtime) == (0o755, 1_234_567_890)

@@ -554,3 +554,70 @@ def test_a_kept_head_of_another_version_is_not_used(url, prefix, client):
     backend_run(url, change)
     metadata = stored_metadata(client, f"{prefix}/f")
     assert metadata["color"] == "blue" and metadata["mode"] == str(stat.S_IFREG | 0o644)
+
+
+def test_a_new_directory_takes_its_times_and_modes_without_a_head(url, prefix, client):
+    """What `rsync -a` does with each directory: make it, set its time and mode, fill it,
+    set its time again. The marker's PUT and each copy keep what a HEAD would answer, also
+    after many other objects went up in between (rsync makes a tree's directories first)."""
+
+    async def rsync_like(backend: Backend) -> tuple[Entry, int]:
+        entry = await backend.mkdir("/d", Attributes(mode=0o700))
+        entry = await backend.set_attributes("/d", entry, Attributes(mtime_ns=PAST_NS))
+        entry = await backend.set_attributes("/d", entry, Attributes(mode=0o750))
+        for i in range(1100):  # more than the old bound of kept HEADs
+            sent = await backend.put(f"/d/f{i}", b"x")
+            await backend.confirm(f"/d/f{i}", sent)
+        entry = await backend.set_attributes("/d", entry, Attributes(mtime_ns=PAST_NS + 10**9))
+        return entry, backend.counters()["heads_saved"]
+
+    entry, saved = backend_run(url, rsync_like)
+    assert saved == 3
+    assert (entry.mtime_ns, entry.mode) == (PAST_NS + 10**9, 0o750)
+    assert stored_metadata(client, f"{prefix}/d/") == {
+        "mtime": format_mtime(PAST_NS + 10**9), "mode": str(stat.S_IFDIR | 0o750)}
+
+
+def test_a_marker_removed_by_another_client_keeps_the_change_for_the_mount(url, prefix,
+                                                                          client):
+    """The kept HEAD of a marker another client deleted since: the change is kept for the
+    mount's life, as for a directory that is only a prefix (no error, no marker made)."""
+
+    async def change(backend: Backend) -> Entry:
+        entry = await backend.mkdir("/d", Attributes(mode=0o700))
+        await backend.put("/d/f", b"x")
+        client.delete_object(Bucket="test", Key=f"{prefix}/d/")
+        return await backend.set_attributes("/d", entry, Attributes(mode=0o750))
+
+    entry = backend_run(url, change)
+    assert entry.is_dir
+    keys = [item["Key"] for item in
+            client.list_objects_v2(Bucket="test", Prefix=f"{prefix}/").get("Contents", [])]
+    assert keys == [f"{prefix}/d/f"]
+
+
+def test_a_listed_name_is_completed_by_one_head(url, prefix, client):
+    """A listing shows the stored attributes of neither files nor directories: ``complete``
+    asks one HEAD (the key's, or the marker's) where ``stat`` sends a LIST too; a key gone
+    since the listing is what ``stat`` says (NotFound)."""
+    client.put_object(Bucket="test", Key=f"{prefix}/d/", Body=b"",
+                      Metadata={"mode": str(stat.S_IFDIR | 0o750)})
+    client.put_object(Bucket="test", Key=f"{prefix}/f", Body=b"x",
+                      Metadata={"mode": str(stat.S_IFREG | 0o600), "mtime": "1500000000"})
+    client.put_object(Bucket="test", Key=f"{prefix}/gone", Body=b"x")
+
+    async def complete(backend: Backend) -> tuple[dict[str, Entry], int]:
+        entries = await listed(backend)
+        assert not any(entry.complete for entry in entries.values())
+        before = backend.counters()["api_requests"]
+        shown = {name: await backend.complete(f"/{name}", entries[name]) for name in "df"}
+        requests = backend.counters()["api_requests"] - before
+        client.delete_object(Bucket="test", Key=f"{prefix}/gone")
+        with pytest.raises(errors.NotFound):
+            await backend.complete("/gone", entries["gone"])
+        return shown, requests
+
+    shown, requests = backend_run(url, complete)
+    assert requests == 2
+    assert (shown["d"].is_dir, shown["d"].mode) == (True, 0o750)
+    assert (shown["f"].mode, shown["f"].mtime_ns) == (0o600, 1_500_000_000 * 10**9)

@@ -21,7 +21,9 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -29,6 +31,7 @@ import trio
 import trio.testing
 from conftest import run_cli, wait_for
 from fault_proxy import fault_proxy
+from rucio_fs.backends.s3.metadata import format_mtime
 from test_s3 import mount_s3, unique
 from test_write_back_async import kill
 from test_write_faults import _content, _stored
@@ -43,6 +46,8 @@ from rucio_fs.stats import Stats
 from rucio_fs.write_queue import Op, WriteQueue
 
 ASYNC = ("--write-back", "async")
+#: A time with nanoseconds, long past.
+PAST_NS = 1_500_000_000_123_456_789
 
 
 # -- the queue in-process, over a scripted write-back ---------------------------------------
@@ -394,3 +399,61 @@ def test_a_replayed_mkdir_counts_as_maybe_sent(mount_fs, s3_server, tmp_path):
         assert _stored(s3_server, f"{prefix}/d/made-elsewhere") == b"elsewhere"
         assert _stored(s3_server, f"{prefix}/blocker") == _content(11 << 20)
         assert sorted(os.listdir(second.path)) == ["blocker", "d"]
+
+
+def _marker_copies(s3_server, prefix: str, name: str) -> int:
+    """CopyObject requests versitygw logged of marker ``prefix/name/``."""
+    log = Path(s3_server.env["VGW_ACCESS_LOG"]).read_text(errors="replace")
+    return sum(1 for line in log.splitlines()
+               if " s3_CopyObject " in line and f" {prefix}/{name}/ " in line)
+
+
+def _queue_dir_attributes_behind_a_failing_mkdir(proxy, mnt, name: str) -> None:
+    """``mkdir name``, whose marker PUT fails its first tries (so what follows queues behind
+    it), then what `rsync -a` does to a directory: time, mode, a file in it, time again."""
+    proxy.inject("error", f"/{name}/", times=8, method="PUT")
+    os.mkdir(mnt.path / name, 0o700)
+    wait_for(lambda: f"queued mkdir /{name} (try 3)" in run_cli("uploads",
+                                                                 str(mnt.path)).stdout,
+             timeout=30, interval=0.05)
+    os.utime(mnt.path / name, ns=(PAST_NS, PAST_NS))
+    os.chmod(mnt.path / name, 0o750)
+    (mnt.path / name / "f").write_bytes(b"in d")
+    os.utime(mnt.path / name, ns=(PAST_NS + 10**9, PAST_NS + 10**9))
+
+
+def test_attribute_changes_queued_on_one_path_are_stored_by_one_copy(mount_fs, s3_server,
+                                                                      tmp_path):
+    """A directory's time, mode and time again, queued before any went out, are one copy of
+    its marker; the server ends with the last of each."""
+    prefix = unique("merged-attrs")
+    with fault_proxy(s3_server.endpoint) as proxy:
+        mnt = mount_s3(mount_fs, proxy.url, prefix, "-o", "timeout=1s", "--timeout", "8",
+                       *ASYNC, "--staging-dir", str(tmp_path / "staging"))
+        os.listdir(mnt.path)
+        _queue_dir_attributes_behind_a_failing_mkdir(proxy, mnt, "d")
+        assert run_cli("uploads", "--wait", str(mnt.path)).returncode == 0
+    metadata = s3_server.client().head_object(Bucket="test", Key=f"{prefix}/d/")["Metadata"]
+    assert metadata == {"mtime": format_mtime(PAST_NS + 10**9),
+                        "mode": str(stat.S_IFDIR | 0o750)}
+    assert _marker_copies(s3_server, prefix, "d") == 1
+
+
+def test_merged_attribute_changes_survive_a_kill(mount_fs, s3_server, tmp_path):
+    """The op that took the earlier changes over is journaled before they are cancelled: a
+    daemon killed then leaves the next mount all of them to store."""
+    prefix = unique("merged-attrs-killed")
+    staging = str(tmp_path / "staging")
+    with fault_proxy(s3_server.endpoint) as proxy:
+        first = mount_s3(mount_fs, proxy.url, prefix, "-o", "timeout=1s", "--timeout", "8",
+                         *ASYNC, "--staging-dir", staging)
+        os.listdir(first.path)
+        _queue_dir_attributes_behind_a_failing_mkdir(proxy, first, "d")
+        kill(first)
+        second = mount_s3(mount_fs, proxy.url, prefix, *ASYNC, "--staging-dir", staging)
+        assert run_cli("uploads", "--wait", str(second.path)).returncode == 0
+        shown = os.stat(second.path / "d")
+    metadata = s3_server.client().head_object(Bucket="test", Key=f"{prefix}/d/")["Metadata"]
+    assert metadata == {"mtime": format_mtime(PAST_NS + 10**9),
+                        "mode": str(stat.S_IFDIR | 0o750)}
+    assert (shown.st_mtime_ns, stat.S_IMODE(shown.st_mode)) == (PAST_NS + 10**9, 0o750)

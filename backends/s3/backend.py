@@ -144,8 +144,13 @@ log = logging.getLogger(__name__)
 #: Keys one ``stat`` LIST asks for: the name's own key, and siblings that sort before its
 #: ``name/`` prefix.
 STAT_KEYS = 100
-#: Objects whose last HEAD is kept for the next metadata copy of them.
-HEADS_KEPT = 1024
+#: Objects whose last HEAD is kept for the next metadata copy of them (only the headers a
+#: copy needs: about half a kilobyte each). `rsync -a` makes a tree's directories first and
+#: sets their times again once their files are in.
+HEADS_KEPT = 16384
+#: The headers of a kept HEAD: what a metadata copy or a rename starts from.
+_HEAD_KEPT_NAMES = frozenset({"etag", "content-length", "last-modified",
+                              "x-amz-storage-class"})
 #: Presigned read URLs live this long and are renewed at half of it.
 PRESIGN_SECONDS = 3600
 #: CopyObject's size limit; larger objects are copied part by part.
@@ -268,7 +273,7 @@ class S3Backend(Backend):
         #: The last HEAD this mount saw of an object it just uploaded or changed (key ->
         #: the answer): what the next metadata copy of it keeps, if its ETag still matches
         #: (`rsync` uploads, sets the time, then renames: one HEAD for the three).
-        self._heads: LRUCache[str, httpx.Response] = LRUCache(HEADS_KEPT)
+        self._heads: LRUCache[str, dict[str, str]] = LRUCache(HEADS_KEPT)
 
     @classmethod
     def from_url(cls, url: str) -> S3Backend:
@@ -400,11 +405,23 @@ class S3Backend(Backend):
         """The HEAD of ``key`` a metadata copy starts from: the one kept of the object this
         mount last uploaded or changed there, if it is still that object (``version``),
         else a new one. Taken once: a change keeps the HEAD it makes of its result."""
-        kept = self._heads.pop(key, None)
+        kept = self._kept_head(key)
         if kept is not None and version and _etag(kept) == version:
             self.counters_extra["heads_saved"] += 1
             return kept
         return await self._head(key)
+
+    def _keep(self, key: str, headers: Mapping[str, str]) -> None:
+        """Keep what a HEAD of ``key`` answers now (the headers a copy needs)."""
+        self._heads[key] = {name.lower(): value for name, value in headers.items()
+                            if name.lower() in _HEAD_KEPT_NAMES
+                            or name.lower() in _KEPT_HEADERS
+                            or name.lower().startswith("x-amz-meta-")}
+
+    def _kept_head(self, key: str) -> httpx.Response | None:
+        """The kept HEAD of ``key``, taken (a change keeps the one of its result)."""
+        kept = self._heads.pop(key, None)
+        return None if kept is None else httpx.Response(200, headers=kept)
 
     def _keep_head(self, key: str, head: httpx.Response, headers: Mapping[str, str],
                    etag: str) -> None:
@@ -414,7 +431,7 @@ class S3Backend(Backend):
                 if not name.lower().startswith("x-amz-meta-") and name.lower() not in headers}
         kept.update(headers)
         kept["etag"] = f'"{etag}"'
-        self._heads[key] = httpx.Response(200, headers=kept)
+        self._keep(key, kept)
 
     # -- namespace --------------------------------------------------------------------------
 
@@ -541,6 +558,17 @@ class S3Backend(Backend):
             return self._file_entry(name, listed)
         raise NotFound(path)
 
+    async def complete(self, path: str, listed: Entry) -> Entry:
+        """One HEAD, where :meth:`stat` sends a LIST too: of the marker of a listed
+        directory, of the key of a listed file (when that key is gone, the whole stat)."""
+        key = self._key(path)
+        if listed.is_dir:
+            return await self._directory(listed.name, key + "/")
+        head = await self._head_if_any(key)
+        if head is None:
+            return await self.stat(path)
+        return self._head_entry(listed.name, key, head)
+
     async def _stat_listing(self, key: str) -> tuple[bool, Mapping[str, str] | None]:
         """One LIST of the keys that start with ``key``: whether ``key/`` is a directory, and
         the listed object of that exact key (if any). Only when more than :data:`STAT_KEYS`
@@ -666,7 +694,7 @@ class S3Backend(Backend):
             raise Unconfirmed(f"{key}: not on the server after the upload") from None
         confirmed = check_confirmed(key, self._head_entry(path.rpartition("/")[2], key, head),
                                     expected)
-        self._heads[key] = head
+        self._keep(key, head.headers)
         return confirmed
 
     async def begin_upload(self, path: str, attributes: Attributes = NO_ATTRIBUTES
@@ -690,10 +718,15 @@ class S3Backend(Backend):
         """A PUT of the empty marker ``path/``, carrying the set ``attributes``."""
         key = self._key(path) + "/"
         stored = StoredAttributes(kind=Kind.DIR).then(attributes)
-        await self._request("PUT", self._url_path(key), what=f"mkdir {key}", content=b"",
-                            headers={"Content-MD5": content_md5(md5(b"")),
-                                     **self._metadata_headers(stored, Kind.DIR)})
+        headers = self._metadata_headers(stored, Kind.DIR)
+        response = await self._request(
+            "PUT", self._url_path(key), what=f"mkdir {key}", content=b"",
+            headers={"Content-MD5": content_md5(md5(b"")), **headers})
         self.memo.forget(key)
+        # What a HEAD of the new marker answers: its attribute changes need not ask.
+        self._keep(key, {
+            **headers, "content-length": "0",
+            "etag": response.headers.get("etag") or f'"{md5(b"").hex()}"'})
         if stored:
             self.memo.remember(key, "", None, stored)
         return stored.shown_by(Entry(name=path.rpartition("/")[2], kind=Kind.DIR,
@@ -759,6 +792,7 @@ class S3Backend(Backend):
             await self._request("DELETE", self._url_path(marker), expect=(200, 204),
                                 what=f"DELETE {marker}")
         self.memo.forget(marker)
+        self._heads.pop(marker, None)
 
     async def rename(self, old: str, new: str, entry: Entry) -> Entry:
         """A HEAD, a copy to the new key with every header and metadata of the object (its
@@ -862,14 +896,25 @@ class S3Backend(Backend):
     async def _set_marker_attributes(self, path: str, entry: Entry,
                                      attributes: Attributes) -> Entry:
         marker = self._key(path) + "/"
-        head = await self._head_if_any(marker)
-        if head is None:
-            return entry
+        head = self._kept_head(marker)
+        if head is not None:
+            self.counters_extra["heads_saved"] += 1
+        else:
+            head = await self._head_if_any(marker)
+            if head is None:
+                return entry
         metadata = user_metadata(head.headers)
         metadata.update(written_metadata(StoredAttributes(Kind.DIR).then(attributes),
                                          Kind.DIR))
         size = int(head.headers.get("content-length", "0"))
-        etag, modified_s = await self._copy(marker, marker, size, _replacing(head, metadata))
+        replacing = _replacing(head, metadata)
+        try:
+            etag, modified_s = await self._copy(marker, marker, size, replacing)
+        except NotFound:  # the marker went meanwhile: a prefix keeps nothing
+            self.memo.forget(marker)
+            return entry
+        if etag:
+            self._keep_head(marker, head, replacing, etag)
         stored = read_attributes(metadata, marker=True)
         self.memo.remember(marker, etag, modified_s, stored)
         return self._dir_entry(entry.name, stored)

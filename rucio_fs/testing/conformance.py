@@ -230,6 +230,25 @@ class BackendConformance:
 
         run_with(url, compare)
 
+    def test_completing_a_listed_entry_gives_what_stat_gives(self, url: str,
+                                                             sample: Sample) -> None:
+        """``complete`` (asked for a listed name the listing could not tell all of) shows
+        the same entry as ``stat``."""
+        async def compare(backend: Backend) -> None:
+            entries = await listed(backend, sample.directory)
+            for name in [*list(sample.files)[:5], *sample.subdirs[:5]]:
+                path = child(sample.directory, name)
+                completed = await backend.complete(path, entries[name])
+                stated = await backend.stat(path)
+                assert (completed.name, completed.kind, completed.mode, completed.uid,
+                        completed.mtime_ns) == (stated.name, stated.kind, stated.mode,
+                                                stated.uid, stated.mtime_ns), (completed,
+                                                                               stated)
+                if completed.kind is Kind.FILE:
+                    assert (completed.size, completed.version) == (stated.size, stated.version)
+
+        run_with(url, compare)
+
     def test_missing_paths_are_not_found(self, url: str, sample: Sample) -> None:
         missing = child(sample.directory, f"no-such-{uuid.uuid4().hex[:8]}")
         a_file = child(sample.directory, next(iter(sample.files)))
