@@ -219,11 +219,22 @@ class DataPath:
                 self.disk.drop()
 
 
+#: After a jump, the contiguous blocks' worth a handle reads before its reads count as
+#: sequential again. A columnar reader (uproot, ROOT) reads a few baskets of each cluster and
+#: jumps over the other branches' baskets: each basket, with the kernel's read-around, stays
+#: below this, so it is fetched as asked, never rounded to blocks nor read ahead of.
+SPARSE_RUN_BLOCKS = 4
+
+
 @dataclass(slots=True)
 class ReadStream:
     """The reads of one open file handle: sequential or random, and the read-ahead they
     drive. ``close`` waits for the read-ahead still in flight (before the backend handle
-    goes)."""
+    goes).
+
+    A handle reads sequentially from its first read on until it jumps; from then on it reads
+    *sparsely* until it has read :data:`SPARSE_RUN_BLOCKS` blocks in a row. Sparse reads are
+    fetched as exactly the ranges asked (unless cached) and start no read-ahead."""
 
     data_path: DataPath
     path: str
@@ -232,10 +243,20 @@ class ReadStream:
     prefetcher: Prefetcher | None
     #: Where the previous read ended, to tell sequential reads from random ones.
     last_end: int = 0
+    #: Whether the handle jumped and has not read a long run since, and that run's bytes.
+    sparse: bool = False
+    run: int = 0
 
     async def read(self, offset: int, size: int) -> bytes:
-        # The kernel's parallel read-ahead arrives slightly out of order: still sequential.
-        sequential = abs(offset - self.last_end) <= self.data_path.config.block_size
+        block_size = self.data_path.config.block_size
+        # The kernel's parallel read-ahead arrives slightly out of order: still in a row.
+        if abs(offset - self.last_end) <= block_size:
+            self.run += size
+            if self.sparse and self.run >= SPARSE_RUN_BLOCKS * block_size:
+                self.sparse = False
+        else:
+            self.sparse, self.run = True, size
+        sequential = not self.sparse
         self.last_end = offset + size
         if self.prefetcher is not None:
             self.prefetcher.on_read(offset, size, sequential)

@@ -1,7 +1,8 @@
 """Adaptive sequential read-ahead of one open file into the data layer.
 
 While reads stay sequential the window of blocks fetched ahead, in parallel and in the
-background, doubles from one block up to ``max_blocks``; a random read resets it to nothing.
+background, doubles with each block read from one block up to ``max_blocks``; a random
+read resets it to nothing.
 All read-ahead of the mount shares one budget of in-flight blocks: when it is spent,
 read-ahead shrinks (fetches are skipped, the foreground read fetches what it needs), so the
 daemon never holds more than the data cache plus that budget.
@@ -40,6 +41,7 @@ class Prefetcher:
         self.version = content_version(entry)
         self.window = 0
         self._next = 0  # first block index not yet asked for
+        self._block = -1  # the block the last sequential read ended in
         self._in_flight = 0
         self._idle = trio.Event()
         self._idle.set()
@@ -47,12 +49,15 @@ class Prefetcher:
     def on_read(self, offset: int, size: int, sequential: bool) -> None:
         """Adapt the window to this read and start fetching what it now covers."""
         if not sequential:
-            self.window, self._next = 0, 0
+            self.window, self._next, self._block = 0, 0, -1
             return
         block_size = self.data_path.config.block_size
         current = (offset + size - 1) // block_size
         last_block = (self.entry.size - 1) // block_size
-        self.window = min(max(1, 2 * self.window), self.max_blocks)
+        if current != self._block or not self.window:
+            # Doubles per block read, not per read: the kernel's reads may be 4 KiB or 1 MiB.
+            self.window = min(max(1, 2 * self.window), self.max_blocks)
+            self._block = current
         end = min(current + self.window, last_block)
         # Longer windows fetch in longer requests (fewer round trips, less per-request work).
         run_max = min(max(1, self.window // 4), MAX_BLOCKS_PER_REQUEST)

@@ -143,6 +143,37 @@ def test_small_random_reads_fetch_little(mount_fs):
     assert after["events"].get("prefetched_blocks", 0) <= 2  # only around the first read
 
 
+def test_a_columnar_reader_gets_what_the_kernel_asks_and_no_read_ahead(mount_fs):
+    """The pattern of uproot reading 2 of 10 branches (no fadvise): in each 3 MiB cluster
+    one basket of 400 KiB at its start and one of 200 KiB further on, the jumps between them
+    longer than a block. The kernel reads around each basket; the daemon fetches what the
+    kernel asks (not whole blocks) and reads nothing ahead. A stream on another handle that
+    reads on past the baskets' size is read ahead again."""
+    m = mount_fs()
+    big = m.path / "big" / f"frame-{BIG_SIZE}.gwf"
+    cluster, baskets = 3 << 20, ((0, 400 << 10), (2_400 << 10, 200 << 10))
+    fd = os.open(big, os.O_RDONLY)
+    try:
+        before = m.stats()
+        for start in range(8 << 20, (8 << 20) + 40 * cluster, cluster):
+            for offset, size in baskets:
+                assert os.pread(fd, size, start + offset) == big_file_range(start + offset,
+                                                                            size)
+    finally:
+        os.close(fd)
+    after = m.stats()
+    asked = after["fuse"]["read"]["bytes"] - before["fuse"].get("read", {}).get("bytes", 0)
+    fetched = after["backend"]["read"]["bytes"] - before["backend"].get("read", {}).get(
+        "bytes", 0)
+    assert asked >= 40 * (600 << 10)
+    assert fetched <= asked * 1.05, (fetched, asked)
+    assert after["events"].get("prefetched_blocks", 0) == before["events"].get(
+        "prefetched_blocks", 0)
+    with open(big, "rb") as f:  # a stream: from the first read on
+        assert f.read(16 << 20) == big_file_range(0, 16 << 20)
+    assert m.stats()["events"]["prefetched_blocks"] > 0
+
+
 def test_sequential_reads_are_prefetched_in_parallel(mount_fs):
     m = mount_fs("demo://?latency=5ms")
     big = m.path / "big" / f"frame-{BIG_SIZE}.gwf"
