@@ -528,7 +528,7 @@ class Catalog:
 
     async def mkdir(self, path: str, attributes: Attributes = NO_ATTRIBUTES) -> Entry:
         entry = await self.calls.timed("mkdir", lambda: self.backend.mkdir(path, attributes))
-        self.keep(path, attributes.missing_from(entry))
+        self.stored_attributes(path, attributes, entry)
         self.new_directory(path, entry)
         return self._with_kept(path, entry)
 
@@ -597,12 +597,19 @@ class Catalog:
         parent, name = split_path(path)
         names = self._kept.setdefault(parent, {})
         names[name] = names.get(name, NO_ATTRIBUTES).then(attributes)
-        for layer_entry in (self.metadata.peek(path),):
-            if layer_entry is not None and layer_entry is not _MISSING:
-                self.metadata.put(path, attributes.applied_to(layer_entry))
-        listing = self.listing.peek(parent)
-        if listing is not None and name in listing.by_name:
-            listing.upsert(attributes.applied_to(listing.by_name[name]))
+        self._change_cached(path, attributes.applied_to)
+
+    def _change_cached(self, path: str, change: Callable[[Entry], Entry]) -> None:
+        """The cached entries of ``path`` (its stat result, its entry in the parent's
+        listing) become what ``change`` makes of them."""
+        cached = self.metadata.peek(path)
+        if cached is not None and cached is not _MISSING:
+            self.metadata.put(path, change(cached))
+        if path != "/":
+            parent, name = split_path(path)
+            listing = self.listing.peek(parent)
+            if listing is not None and name in listing.by_name:
+                listing.upsert(change(listing.by_name[name]))
 
     def _unkeep(self, path: str, attributes: Attributes) -> None:
         """Keep none of the attributes ``attributes`` sets for ``path`` any more (those set
@@ -636,8 +643,9 @@ class Catalog:
             return entry
         return self.kept(path).applied_to(entry)
 
-    def _move_kept(self, old: str, new: str) -> None:
-        """Kept attributes follow a rename (of ``old`` and, for a directory, below it)."""
+    def moved(self, old: str, new: str) -> None:
+        """``old`` was renamed to ``new`` through this mount: the attributes kept for it
+        (and, for a directory, below it) follow."""
         if not self._kept:
             return
         old_parent, old_name = split_path(old)
@@ -699,18 +707,7 @@ class Catalog:
     def directory_changed(self, path: str, mtime_ns: int) -> None:
         """Names in directory ``path`` changed through this mount: its cached entries show
         time ``mtime_ns`` (what the server shows comes with the next fetch of them)."""
-        cached = self.metadata.peek(path)
-        if cached is not None and cached is not _MISSING:
-            self.metadata.put(path, replace(cached, mtime_ns=mtime_ns))
-        if path != "/":
-            parent, name = split_path(path)
-            listing = self.listing.peek(parent)
-            if listing is not None and name in listing.by_name:
-                listing.upsert(replace(listing.by_name[name], mtime_ns=mtime_ns))
-
-    def moved(self, old: str, new: str) -> None:
-        """``old`` was renamed to ``new`` through this mount: what is kept of it follows."""
-        self._move_kept(old, new)
+        self._change_cached(path, lambda entry: replace(entry, mtime_ns=mtime_ns))
 
     def note_entry(self, path: str, entry: Entry | None) -> None:
         """``path`` now is ``entry`` (None: gone) after a change made through this mount: the

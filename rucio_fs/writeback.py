@@ -155,15 +155,11 @@ class DirtyFile:
         name = self.path.rpartition("/")[2]
         size = self.size if self.materialized else (self.base.size if self.base else 0)
         base = self.base or Entry(name=name, kind=Kind.FILE)
-        attributes = self.attributes
         # (opened for writing, not written: the stored file's time)
         mtime_ns = self.mtime_ns if self.dirty or self.base is None else base.mtime_ns
-        return replace(base, name=name, size=size, mtime_ns=mtime_ns, immutable=False,
-                       version=f"local:{self.generation}:{mtime_ns}:{size}",
-                       checksums={},
-                       mode=base.mode if attributes.mode is None else attributes.mode,
-                       uid=base.uid if attributes.uid is None else attributes.uid,
-                       gid=base.gid if attributes.gid is None else attributes.gid)
+        local = replace(base, name=name, size=size, mtime_ns=mtime_ns, immutable=False,
+                        version=f"local:{self.generation}:{mtime_ns}:{size}", checksums={})
+        return replace(self.attributes, mtime_ns=None).applied_to(local)
 
     def read(self, offset: int, size: int) -> bytes | None:
         """Bytes of the local content, or None while it is still the base's (read that)."""
