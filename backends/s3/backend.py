@@ -804,18 +804,27 @@ class S3Backend(Backend):
         head = await self._head_for_change(source, entry.version)
         metadata = user_metadata(head.headers)
         _pin_mtime(metadata, head)
-        size = int(head.headers.get("content-length", "0"))
-        replacing = _replacing(head, metadata)
-        etag, modified_s = await self._copy(source, target, size, replacing)
+        etag, modified_s, size = await self._copy_replacing(source, target, head, metadata)
         await self.unlink(old)
-        self._heads.pop(target, None)
-        if etag:
-            self._keep_head(target, head, replacing, etag)
         stored = read_attributes(metadata, marker=False)
         self.memo.remember(target, etag, modified_s, stored)
         return stored.shown_by(Entry(name=new.rpartition("/")[2], kind=Kind.FILE, size=size,
                                      mtime_ns=entry.mtime_ns, version=etag,
                                      metadata=entry.metadata))
+
+    async def _copy_replacing(self, source: str, target: str, head: httpx.Response,
+                              metadata: Mapping[str, str]) -> tuple[str, int | None, int]:
+        """Copy ``source`` (whose HEAD is ``head``) to ``target`` with ``metadata`` as its
+        user metadata and its content headers kept; what a HEAD of the copy answers is kept
+        for the next change. Returns the copy's ETag, Last-Modified second and size."""
+        size = int(head.headers.get("content-length", "0"))
+        replacing = _replacing(head, metadata)
+        etag, modified_s = await self._copy(source, target, size, replacing)
+        if etag:
+            self._keep_head(target, head, replacing, etag)
+        else:
+            self._heads.pop(target, None)
+        return etag, modified_s, size
 
     async def _copy(self, source: str, target: str, size: int,
                     headers: Mapping[str, str]) -> tuple[str, int | None]:
@@ -866,11 +875,7 @@ class S3Backend(Backend):
         metadata.update(written_metadata(StoredAttributes(kind).then(attributes), kind))
         if MTIME not in change:
             _pin_mtime(metadata, head)
-        size = int(head.headers.get("content-length", "0"))
-        replacing = _replacing(head, metadata)
-        etag, modified_s = await self._copy(key, key, size, replacing)
-        if etag:
-            self._keep_head(key, head, replacing, etag)
+        etag, modified_s, size = await self._copy_replacing(key, key, head, metadata)
         stored = read_attributes(metadata, marker=False)
         self.memo.remember(key, etag, modified_s, stored)
         entry = Entry(name=name, kind=Kind.FILE, size=size,
@@ -906,15 +911,11 @@ class S3Backend(Backend):
         metadata = user_metadata(head.headers)
         metadata.update(written_metadata(StoredAttributes(Kind.DIR).then(attributes),
                                          Kind.DIR))
-        size = int(head.headers.get("content-length", "0"))
-        replacing = _replacing(head, metadata)
         try:
-            etag, modified_s = await self._copy(marker, marker, size, replacing)
+            etag, modified_s, _ = await self._copy_replacing(marker, marker, head, metadata)
         except NotFound:  # the marker went meanwhile: a prefix keeps nothing
             self.memo.forget(marker)
             return entry
-        if etag:
-            self._keep_head(marker, head, replacing, etag)
         stored = read_attributes(metadata, marker=True)
         self.memo.remember(marker, etag, modified_s, stored)
         return self._dir_entry(entry.name, stored)
