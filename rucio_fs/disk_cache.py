@@ -82,7 +82,9 @@ class DiskCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         found = []
         for sub in self.directory.iterdir():
-            if not sub.is_dir():
+            # Only the layer's own directories (two hex digits): the cache directory also
+            # holds the default staging directory and backends' kept state.
+            if not (len(sub.name) == 2 and _is_hex(sub.name) and sub.is_dir()):
                 continue
             for file in sub.iterdir():
                 if file.name.endswith(".tmp"):
@@ -245,3 +247,7 @@ class DiskCache:
                 self._file(digest).unlink(missing_ok=True)
             if size is not None:
                 self._bytes -= size
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdef" for c in text)

@@ -226,20 +226,27 @@ def test_kill_9_right_after_cp_loses_nothing(catalog, mount_fs, tmp_path):
     assert journal_records(Path(staging)) == []
 
 
+@pytest.mark.parametrize("where", ["staging-dir", "cache-dir"])
 def test_the_server_down_during_the_copy_then_a_kill_loses_nothing(s3_catalog, mount_fs,
-                                                                    tmp_path):
+                                                                    tmp_path, where):
+    """Also with the staging directory where ``--cache-dir`` puts it (``staging/`` in it):
+    the disk layer, loading the blocks a previous mount left, leaves it alone."""
     source = tmp_path / "source"
     small_tree(source, 30, seed=9)
-    staging = str(tmp_path / "staging")
-    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
-                   "--staging-dir", staging)
+    if where == "staging-dir":
+        staging = str(tmp_path / "staging")
+        place = ("--staging-dir", staging)
+    else:
+        staging = str(tmp_path / "cache" / "staging")
+        place = ("--cache-dir", str(tmp_path / "cache"))
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT, *place)
     os.listdir(mnt.path)  # the root's listing answers lookups while the server is down
     with s3_catalog.server.gateway_down():
         subprocess.run(["cp", "-r", str(source), str(mnt.path / "tree")], check=True)
         assert snapshot(mnt.path / "tree") == snapshot(source)
         kill(mnt)
         assert journal_records(Path(staging)), "nothing journaled"
-    again = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, "--staging-dir", staging)
+    again = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *place)
     drained(again)
     held = on_server(mount_fs, s3_catalog, tmp_path)
     assert {k[5:]: v for k, v in held.items() if k.startswith("tree/")} == snapshot(source)
