@@ -78,6 +78,12 @@ class MountConfig:
     prefetch_max_bytes: int = field(default=32 << 20, metadata=_option(
         "--prefetch-max", "Most data read ahead of one sequential reader (0: none; needs the "
         "data cache).", "size"))
+    #: Open a file read sparsely a moment ago with the kernel's page cache bypassed, so the
+    #: kernel asks for exactly what the reader reads (see datapath.SparseFiles).
+    direct_sparse: bool = field(default=True, metadata=_option(
+        "--no-direct-sparse", "Keep the kernel's page cache and read-ahead for files read "
+        "sparsely (columnar readers then cost more bytes; shared mmap works on every file).",
+        "flag"))
     #: Verify a file's catalog checksum over its first sequential whole-file read.
     verify: bool = field(default=True, metadata=_option(
         "--no-verify", "Do not verify catalog checksums on sequential whole-file reads.",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+from cachetools import TTLCache
 
 from .accounting import BackendCalls
 from .backend import Entry, content_version
@@ -31,6 +32,13 @@ log = logging.getLogger(__name__)
 
 #: Blocks waiting to be written to the disk layer.
 DISK_QUEUE_BLOCKS = 32
+
+#: How long (seconds) a file read sparsely is opened direct (see DataPath.read_sparsely).
+SPARSE_MEMORY = 60.0
+#: The most files remembered as read sparsely.
+SPARSE_FILES = 4096
+#: A page: what a buffered reader (Python, stdio) reads after a direct read of whole pages.
+PAGE = 4096
 
 #: ``fetch(handle, offset, size)``: exactly those bytes from the backend, counted.
 Fetch = Callable[[Any, int, int], Awaitable[bytes]]
@@ -57,16 +65,34 @@ class DataPath:
         # only when the disk falls a whole queue behind the network.
         self._disk_send, self._disk_recv = trio.open_memory_channel[tuple[Hashable, Any]](
             DISK_QUEUE_BLOCKS)
+        #: Files (path, content version) read sparsely a moment ago.
+        self._sparse: TTLCache[tuple[str, str], bool] = TTLCache(SPARSE_FILES, SPARSE_MEMORY)
 
-    def stream(self, path: str, entry: Entry, handle: Any,
-               nursery: trio.Nursery | None) -> ReadStream:
-        """The reads of one open handle (with read-ahead when a nursery is given)."""
+    def stream(self, path: str, entry: Entry, handle: Any, nursery: trio.Nursery | None,
+               direct: bool = False) -> ReadStream:
+        """The reads of one open handle (with read-ahead when a nursery is given); ``direct``:
+        the kernel sends the reader's own reads (no page cache)."""
         prefetcher = None
         if self.config.data and self.config.prefetch_max_bytes and nursery is not None:
             window = max(1, self.config.prefetch_max_bytes // self.config.block_size)
             prefetcher = Prefetcher(self, path, entry, handle, nursery, self.prefetch_budget,
                                     window)
-        return ReadStream(self, path, entry, handle, prefetcher)
+        return ReadStream(self, path, entry, handle, prefetcher, direct)
+
+    def read_sparsely(self, path: str, entry: Entry) -> bool:
+        """Whether a handle of this content of ``path`` started reading past offset 0 within
+        :data:`SPARSE_MEMORY` seconds and none read a long run since: a columnar reader that
+        opens the file for each basket (uproot's default, through fsspec). Such a file is
+        best opened direct: the kernel's read-ahead after each basket costs more than the
+        reader's buffered rest of it."""
+        return (path, content_version(entry)) in self._sparse
+
+    def note_sparse(self, path: str, entry: Entry, sparse: bool) -> None:
+        key = (path, content_version(entry))
+        if sparse:
+            self._sparse[key] = True
+        else:
+            self._sparse.pop(key, None)
 
     async def read(self, path: str, entry: Entry, handle: Any, offset: int, size: int,
                    sequential: bool = True) -> bytes:
@@ -225,6 +251,11 @@ class DataPath:
 #: below this, so it is fetched as asked, never rounded to blocks nor read ahead of.
 SPARSE_RUN_BLOCKS = 4
 
+#: A handle's first read starts it sequential only when it reads this much from offset 0 (or
+#: the whole file): the kernel's first read-ahead of a ``cat`` or ``cp``. A small first read
+#: (a file's header, read by a columnar reader before it jumps) is fetched as asked.
+SEQUENTIAL_FIRST_READ = 128 << 10
+
 
 @dataclass(slots=True)
 class ReadStream:
@@ -232,34 +263,60 @@ class ReadStream:
     drive. ``close`` waits for the read-ahead still in flight (before the backend handle
     goes).
 
-    A handle reads sequentially from its first read on until it jumps; from then on it reads
+    A handle reads sequentially when its first read starts at offset 0 and asks for
+    :data:`SEQUENTIAL_FIRST_READ` bytes or the whole file; else, and after any jump, it reads
     *sparsely* until it has read :data:`SPARSE_RUN_BLOCKS` blocks in a row. Sparse reads are
-    fetched as exactly the ranges asked (unless cached) and start no read-ahead."""
+    fetched as exactly the ranges asked (unless cached) and start no read-ahead. A first read
+    past offset 0 (a reader that opens the file for each piece it reads) marks the file as
+    read sparsely; a long run unmarks it.
+
+    A ``direct`` handle receives the reader's own reads. A sparse read of whole pages is then
+    fetched with the page after it, kept for the handle: a buffered reader reads the rest of
+    its request as one page next."""
 
     data_path: DataPath
     path: str
     entry: Entry
     handle: Any
     prefetcher: Prefetcher | None
-    #: Where the previous read ended, to tell sequential reads from random ones.
-    last_end: int = 0
+    direct: bool = False
+    #: Where the previous read ended (-1: no read yet), to tell sequential reads from jumps.
+    last_end: int = -1
     #: Whether the handle jumped and has not read a long run since, and that run's bytes.
     sparse: bool = False
     run: int = 0
+    #: The page fetched after a direct sparse read: (offset, bytes).
+    next_page: tuple[int, bytes] | None = None
 
     async def read(self, offset: int, size: int) -> bytes:
         block_size = self.data_path.config.block_size
+        if self.last_end < 0:
+            self.run = size
+            self.sparse = offset != 0 or size < min(SEQUENTIAL_FIRST_READ, self.entry.size)
+            if offset != 0:
+                self.data_path.note_sparse(self.path, self.entry, True)
         # The kernel's parallel read-ahead arrives slightly out of order: still in a row.
-        if abs(offset - self.last_end) <= block_size:
+        elif abs(offset - self.last_end) <= block_size:
             self.run += size
             if self.sparse and self.run >= SPARSE_RUN_BLOCKS * block_size:
                 self.sparse = False
+                self.data_path.note_sparse(self.path, self.entry, False)
         else:
             self.sparse, self.run = True, size
         sequential = not self.sparse
         self.last_end = offset + size
         if self.prefetcher is not None:
             self.prefetcher.on_read(offset, size, sequential)
+        kept = self.next_page
+        if kept is not None and kept[0] == offset and size <= len(kept[1]):
+            self.next_page = None
+            return kept[1][:size]
+        if (self.direct and not sequential and size % PAGE == 0
+                and offset + size < self.entry.size):
+            data = await self.data_path.read(self.path, self.entry, self.handle, offset,
+                                             size + PAGE, sequential)
+            self.next_page = (offset + size, data[size:])
+            return data[:size]
         return await self.data_path.read(self.path, self.entry, self.handle, offset, size,
                                          sequential)
 

@@ -60,7 +60,7 @@ from .inodes import ROOT_INO, Inode, InodeTable
 from .integrity import StreamVerifier, Verification
 from .stats import Stats, errno_name
 from .tracing import RequestRecorder
-from .writeback import DirtyFile, WriteBack
+from .writeback import DirtyFile, WriteBack, is_local
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -137,6 +137,9 @@ KERNEL_LISTINGS = hasattr(pyfuse3.FileInfo(), "cache_readdir")
 
 #: ``Inode.cached_version`` of a file whose pages must be dropped at the next open.
 INVALID = "\0invalid"
+
+#: The ``st_blksize`` of a stored file: a page, as local disks say.
+READ_BLKSIZE = 4096
 
 
 @dataclass(slots=True)
@@ -311,7 +314,10 @@ class RucioFs(pyfuse3.Operations):
             attrs.st_uid = self.uid if entry.uid is None else entry.uid
             attrs.st_gid = self.gid if entry.gid is None else entry.gid
             attrs.st_size = entry.size
-            attrs.st_blksize = self.config.block_size
+            # Readers buffer by st_blksize (Python, stdio): a stored file says one page,
+            # so a small read is not rounded up to a block; content being written says a
+            # block, so writers send it in block-sized writes.
+            attrs.st_blksize = self.config.block_size if is_local(entry) else READ_BLKSIZE
             attrs.st_blocks = (entry.size + 511) // 512
             attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = entry.mtime_ns
             inode.attrs = attrs
@@ -533,11 +539,17 @@ class RucioFs(pyfuse3.Operations):
         keep = (self.config.kernel and verifier is None and self.identities is None
                 and (seen == version or (seen is None and entry.immutable)))
         node.cached_version = version if self.config.kernel else None
-        stream = self.catalog.data_path.stream(node.path, entry, backend_handle, self.nursery)
+        data_path = self.catalog.data_path
+        # A file read sparsely a moment ago is read direct: the kernel then asks for what
+        # the reader reads, not its read-ahead around each piece.
+        direct = self.config.direct_sparse and data_path.read_sparsely(node.path, entry)
+        stream = data_path.stream(node.path, entry, backend_handle, self.nursery, direct)
         fh = self._new_fh()
         self._files[fh] = _FileHandle(node, entry, backend_handle, verifier, stream,
                                       catalog=self.catalog)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+        if direct:
+            self.stats.events["opened_direct"] += 1
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=direct)
 
     @fuse_op
     async def read(self, fh: int, off: int, size: int) -> bytes:

@@ -64,6 +64,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: How the content version of a file with pending local content begins.
+LOCAL_VERSION = "local:"
+
+
+def is_local(entry: Entry) -> bool:
+    """Whether ``entry`` describes content this mount holds and has not stored yet."""
+    return entry.version.startswith(LOCAL_VERSION)
+
+
 #: The most parts an upload may have (S3's limit); larger files get larger parts.
 MAX_PARTS = 10_000
 #: Bytes copied per step when a file's old content is staged before modifying it.
@@ -158,7 +167,8 @@ class DirtyFile:
         # (opened for writing, not written: the stored file's time)
         mtime_ns = self.mtime_ns if self.dirty or self.base is None else base.mtime_ns
         local = replace(base, name=name, size=size, mtime_ns=mtime_ns, immutable=False,
-                        version=f"local:{self.generation}:{mtime_ns}:{size}", checksums={})
+                        version=f"{LOCAL_VERSION}{self.generation}:{mtime_ns}:{size}",
+                        checksums={})
         return replace(self.attributes, mtime_ns=None).applied_to(local)
 
     def read(self, offset: int, size: int) -> bytes | None:

@@ -10,6 +10,7 @@ import subprocess
 import threading
 
 import pytest
+from conftest import wait_for
 from rucio_fs.backends.demo.content import BIG_MD5, BIG_SIZE, big_file_range, small_file
 
 
@@ -172,6 +173,55 @@ def test_a_columnar_reader_gets_what_the_kernel_asks_and_no_read_ahead(mount_fs)
     with open(big, "rb") as f:  # a stream: from the first read on
         assert f.read(16 << 20) == big_file_range(0, 16 << 20)
     assert m.stats()["events"]["prefetched_blocks"] > 0
+
+
+def test_buffered_readers_fetch_what_they_read(mount_fs):
+    """Python's ``open`` buffers by ``st_blksize``: a stored file says a page, so a reader
+    that opens the file per basket and reads it (fsspec's ``cat_file``, which uproot uses by
+    default) makes the mount fetch what it read, not a buffer of a block per basket. Its
+    first read, a small header at offset 0, is fetched as asked too. Such a file's later
+    opens are direct (``--no-direct-sparse``: never)."""
+    import random
+
+    m = mount_fs()
+    big = m.path / "big" / f"frame-{BIG_SIZE}.gwf"
+    assert os.stat(big).st_blksize == 4096
+    rng = random.Random(3)
+    reads = [(0, 403)] + [(rng.randrange(8 << 20, BIG_SIZE - (1 << 20)),
+                           rng.randrange(100 << 10, 700 << 10)) for _ in range(60)]
+    before = m.stats()
+    for offset, size in reads:
+        with open(big, "rb") as f:
+            f.seek(offset)
+            assert f.read(size) == big_file_range(offset, size)
+    after = m.stats()
+    wanted = sum(size for _, size in reads)
+    fetched = after["backend"]["read"]["bytes"] - before["backend"].get("read", {}).get(
+        "bytes", 0)
+    assert wanted <= fetched <= 1.2 * wanted, (fetched, wanted)
+    # A file opened at an offset past 0 is read sparsely: its later opens are direct.
+    assert after["events"]["opened_direct"] >= len(reads) - 3
+    kept = mount_fs("demo://", "--no-direct-sparse")
+    for offset, size in reads[:5]:
+        with open(kept.path / "big" / f"frame-{BIG_SIZE}.gwf", "rb") as f:
+            f.seek(offset)
+            assert f.read(size) == big_file_range(offset, size)
+    assert "opened_direct" not in kept.stats()["events"]
+
+
+def test_a_file_being_written_is_written_in_blocks(mount_fs):
+    """Content being written says a block as ``st_blksize``: Python's buffered writer sends
+    it in block-sized writes, not one request per page. Stored, it says a page again."""
+    m = mount_fs("memory://blksize")
+    path = m.path / "out.bin"
+    before = m.fuse_calls("write")
+    with open(path, "wb") as f:
+        assert os.fstat(f.fileno()).st_blksize == 1 << 20
+        for _ in range(16 << 10):
+            f.write(b"x" * 1024)
+    writes = m.fuse_calls("write") - before
+    assert 16 <= writes <= 20, writes
+    wait_for(lambda: os.stat(path).st_blksize == 4096, timeout=30)
 
 
 def test_sequential_reads_are_prefetched_in_parallel(mount_fs):

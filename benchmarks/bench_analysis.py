@@ -1,0 +1,252 @@
+"""An analysis job's reads: uproot reading a generated ROOT file through an S3 mount, beside the
+same reads from local disk and over uproot's own HTTP access, on loopback and with a delay.
+
+    python benchmarks/bench_analysis.py [--server DIR] [--entries 5000000] [--clusters 100]
+                                        [--repeat 3] [--delay-ms 20] [--out DIR]
+
+The file: one TTree of 10 branches (5 float64, 5 float32), uncompressed, ``--clusters``
+baskets per branch (the defaults make the 300 MB, 1,000-basket file of the columnar-reads
+issue). Three reads: 2 of 10 branches, the first 10,000 entries of one branch, every branch.
+Each read is made three ways, cold (the machine's page cache dropped, a new mount with no
+disk layer): uproot on a local copy, uproot on the mount (its default way of opening a path),
+and uproot's ``HTTPSource`` on a presigned URL of the same object. "needed" is what uproot
+reads from the local copy; "server" is what the server sent: the daemon's backend bytes for the
+mount, uproot's requested bytes over HTTP. ``--delay-ms`` repeats the mount and HTTP reads
+through a TCP proxy that holds each request that long before passing it on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from common import SERVERS, Mount, drop_page_cache, free_port, read_env
+
+REPO = Path(__file__).resolve().parent.parent
+
+READS = {"two branches": (["b0", "b7"], None), "first 10,000 entries": (["b3"], 10_000),
+         "all branches": ([f"b{i}" for i in range(10)], None)}
+
+
+class CountingFile(io.RawIOBase):
+    """A local file counting the bytes read from it."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = open(path, "rb", buffering=0)  # noqa: SIM115
+        self.bytes = 0
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        count = self._file.readinto(buffer) or 0
+        self.bytes += count
+        return count
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+def make_file(path: Path, entries: int, clusters: int) -> None:
+    import numpy as np
+    import uproot
+    rng = np.random.default_rng(1)
+    per = entries // clusters
+    names = [f"b{i}" for i in range(10)]
+    with uproot.recreate(path, compression=None) as f:
+        for cluster in range(clusters):
+            data = {n: rng.random(per) if i < 5 else rng.random(per).astype(np.float32)
+                    for i, n in enumerate(names)}
+            if cluster == 0:
+                tree = f.mktree("tree", {n: a.dtype for n, a in data.items()})
+            tree.extend(data)
+
+
+def read(source, branches: list[str], stop: int | None, **options) -> float:
+    import uproot
+    start = time.perf_counter()
+    with uproot.open(source, **options) as f:
+        f["tree"].arrays(branches, entry_stop=stop, library="np")
+        if options:
+            read.last_bytes = f.file.source.num_requested_bytes  # type: ignore[attr-defined]
+    return time.perf_counter() - start
+
+
+@contextmanager
+def delay_proxy(upstream_port: int, delay: float) -> Iterator[int]:
+    """127.0.0.1:PORT forwarding to the upstream, each chunk from the client held ``delay``
+    seconds first (a request's added latency); answers pass at once."""
+    port = free_port()
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+
+    async def pump(reader, writer, hold: float) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                if hold:
+                    await asyncio.sleep(hold)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def serve(client_r, client_w) -> None:
+        up_r, up_w = await asyncio.open_connection("127.0.0.1", upstream_port)
+        await asyncio.gather(pump(client_r, up_w, delay), pump(up_r, client_w, 0))
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", port)
+        ready.set()
+        async with server:
+            await server.serve_forever()
+
+    def serve_until_cancelled() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            loop.run_until_complete(main())
+
+    thread = threading.Thread(target=serve_until_cancelled, daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        yield port
+    finally:
+        for task in asyncio.all_tasks(loop):
+            loop.call_soon_threadsafe(task.cancel)
+        thread.join(10)
+
+
+def presigned(endpoint: str, env: dict[str, str], key: str) -> str:
+    import botocore.session
+    from botocore.config import Config
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=endpoint, region_name=env["AWS_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        config=Config(signature_version="s3v4"))
+    return client.generate_presigned_url("get_object", Params={"Bucket": "test", "Key": key},
+                                         ExpiresIn=3600)
+
+
+def run(server: Path, root: Path, args: argparse.Namespace) -> dict:
+    import uproot
+    env = read_env(server / "server.env")
+    os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                            "AWS_REGION")})
+    local = root / "events.root"
+    make_file(local, args.entries, args.clusters)
+    prefix = f"analysis-{uuid.uuid4().hex[:6]}"
+    writer = Mount(root, f"s3://test/{prefix}?endpoint_url={env['VGW_ENDPOINT']}")
+    subprocess.run(["cp", str(local), str(writer.path / "events.root")], check=True)
+    writer.unmount()
+    rows = []
+    vgw_port = int(env["VGW_PORT"])
+    for delay_ms in sorted({0, args.delay_ms}):
+        with delay_proxy(vgw_port, delay_ms / 1000) as port:
+            endpoint = f"http://127.0.0.1:{port}"
+            url = presigned(endpoint, env, f"{prefix}/events.root")
+            for name, (branches, stop) in READS.items():
+                counting = CountingFile(local)
+                read(counting, branches, stop)
+                row = {"read": name, "delay_ms": delay_ms, "needed": counting.bytes}
+                times: dict[str, list[float]] = {"local": [], "mount": [], "http": []}
+                for _ in range(args.repeat):
+                    if delay_ms == 0:
+                        drop_page_cache()
+                        times["local"].append(read(str(local), branches, stop))
+                    m = Mount(root, f"s3://test/{prefix}?endpoint_url={endpoint}",
+                              "--no-disk-cache")
+                    try:
+                        drop_page_cache()
+                        times["mount"].append(read(str(m.path / "events.root"), branches,
+                                                   stop))
+                        stats = m.stats()
+                        row["mount_server"] = stats["backend"]["read"]["bytes"]
+                        row["mount_requests"] = stats["backend"]["read"]["latency"]["count"]
+                    finally:
+                        m.unmount()
+                    times["http"].append(read(url, branches, stop,
+                                              handler=uproot.source.http.HTTPSource))
+                    row["http_server"] = read.last_bytes  # type: ignore[attr-defined]
+                for way, values in times.items():
+                    if values:
+                        row[f"{way}_s"] = statistics.median(values)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return {"entries": args.entries, "clusters": args.clusters, "repeat": args.repeat,
+            "file_bytes": local.stat().st_size, "rows": rows}
+
+
+def summary(result: dict) -> str:
+    lines = [f"uproot, {result['file_bytes'] / 1e6:.0f} MB file, {result['clusters']} baskets "
+             f"per branch, median of {result['repeat']}", "",
+             "| read | delay | needed | mount: server | ratio | HTTP: server | local s | "
+             "mount s | HTTP s | mount / HTTP |", "|---" + "|---:" * 9 + "|"]
+    for r in result["rows"]:
+        local = f"{r['local_s']:.3f}" if "local_s" in r else "—"
+        lines.append(
+            f"| {r['read']} | {r['delay_ms']} ms | {r['needed'] / 1e6:.2f} MB | "
+            f"{r['mount_server'] / 1e6:.2f} MB | {r['mount_server'] / r['needed']:.2f}x | "
+            f"{r['http_server'] / 1e6:.2f} MB | {local} | {r['mount_s']:.3f} | "
+            f"{r['http_s']:.3f} | {r['mount_s'] / r['http_s']:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--server", type=Path, help="a running scripts/servers/s3.sh directory")
+    ap.add_argument("--entries", type=int, default=5_000_000)
+    ap.add_argument("--clusters", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--delay-ms", type=int, default=20)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.server is not None and not (args.server / "server.env").is_file():
+        ap.error(f"--server {args.server}: no server.env there")
+    root = Path(tempfile.mkdtemp(prefix="rucio-fs-analysis-"))
+    script = SERVERS / "s3.sh"
+    server = args.server or root / "server"
+    if args.server is None:
+        subprocess.run(["bash", str(script), "start", str(server)], check=True)
+    try:
+        result = run(server, root, args)
+    finally:
+        if args.server is None:
+            subprocess.run(["bash", str(script), "stop", str(server)], check=False)
+    out = args.out or REPO / "benchmarks" / "results" / (
+        time.strftime("%Y%m%d-%H%M%S") + "-analysis")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    text = summary(result)
+    (out / "summary.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
