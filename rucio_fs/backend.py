@@ -37,6 +37,7 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from .errors import NotFound, NotSupported, RucioFsError, Unconfirmed
@@ -339,7 +340,7 @@ class Backend(ABC):
 
     def use_caches(self, enabled: bool) -> None:  # noqa: B027 - optional hook
         """Whether the backend may keep its own metadata caches (e.g. resolved replica
-        locations). Called once before mounting with the metadata layer's switch."""
+        locations). Called once before ``start`` with the metadata layer's switch."""
 
     def drop_caches(self) -> None:  # noqa: B027 - optional hook
         """Forget the backend's own metadata caches; called when the metadata layer is
@@ -353,8 +354,15 @@ class Backend(ABC):
         return None
 
     def use_shared_values(self, values: SharedValues) -> None:  # noqa: B027 - optional hook
-        """Called once before mounting when the shared tier is on: where the backend may keep
+        """Called once before ``start`` when the shared tier is on: where the backend may keep
         its own small shared values (never secrets)."""
+
+    def keep_state_in(self, directory: Path) -> None:  # noqa: B027 - optional hook
+        """Called once before ``start`` when the mount has a ``--cache-dir``: a directory of
+        this backend's own (it may not exist yet) where it may keep, across remounts, what it
+        learned of the catalog's configuration — never a secret, never catalog content, and
+        nothing it serves unproven (Rucio: RSE layouts). Its files may be missing, stale or
+        damaged: reading them is a hint, never an error."""
 
     def use_hints(self, hints: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Called once before ``start`` on each backend of a per-user mount, with one dict
@@ -367,7 +375,7 @@ class Backend(ABC):
 
     def use_data_proxy(self, url: str) -> None:
         """Send file reads through the caching HTTP proxy at ``url`` (``--data-proxy``; see
-        :func:`rucio_fs.http.through_proxy`). Called once before mounting. The default
+        :func:`rucio_fs.http.through_proxy`). Called once before ``start``. The default
         refuses: only a backend whose reads are plain HTTP ranges of URLs that name the
         content (not the reader) may be cached by a proxy shared between users."""
         raise NotSupported(f"{self.scheme}: reads cannot go through a data proxy")

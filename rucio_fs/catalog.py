@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
@@ -140,11 +141,43 @@ def split_path(path: str) -> tuple[str, str]:
     return parent or "/", name
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What :func:`prepare_backend` set up for the catalog of a backend."""
+
+    #: The shared tier (``--shared-cache``), else None.
+    shared: SharedTier | None
+
+
+def prepare_backend(backend: Backend, config: MountConfig, stats: Stats) -> Prepared:
+    """Before the backend's ``start``: hand it what the mount's configuration gives it — the
+    shared tier's values, a state directory in ``--cache-dir``, the data proxy, whether it may
+    keep caches — so that what it does at start may use them."""
+    shared = None
+    if config.shared:
+        identity = backend.shared_identity()
+        if identity is None:
+            raise InvalidInput(f"{backend.scheme}://: this backend names no identity to "
+                               "share listings under (no --shared-cache)")
+        redis = Redis(RedisAddress.parse(config.shared_cache), config.shared_timeout)
+        shared = SharedTier(redis, identity, stats)
+        backend.use_shared_values(shared)
+    if config.disk_dir:
+        backend.keep_state_in(Path(config.disk_dir) / "state" / backend.scheme)
+    if config.data_proxy:
+        try:
+            backend.use_data_proxy(config.data_proxy)
+        except NotSupported as exc:
+            raise InvalidInput(f"--data-proxy: {exc}") from None
+    backend.use_caches(config.metadata)
+    return Prepared(shared)
+
+
 class Catalog:
     """Cached, coalesced, measured access to a backend's namespace and data."""
 
     def __init__(self, backend: Backend, config: MountConfig, stats: Stats,
-                 disk: DiskCache | None = None) -> None:
+                 disk: DiskCache | None = None, prepared: Prepared | None = None) -> None:
         self.backend = backend
         self.config = config
         self.stats = stats
@@ -204,21 +237,8 @@ class Catalog:
         #: background; set by the daemon (None: in line).
         self.nursery: trio.Nursery | None = None
         #: Listings and stats shared with other mounts (``--shared-cache``), else None.
-        self.shared: SharedTier | None = None
-        if config.shared:
-            identity = backend.shared_identity()
-            if identity is None:
-                raise InvalidInput(f"{backend.scheme}://: this backend names no identity to "
-                                   "share listings under (no --shared-cache)")
-            redis = Redis(RedisAddress.parse(config.shared_cache), config.shared_timeout)
-            self.shared = SharedTier(redis, identity, stats)
-            backend.use_shared_values(self.shared)
-        if config.data_proxy:
-            try:
-                backend.use_data_proxy(config.data_proxy)
-            except NotSupported as exc:
-                raise InvalidInput(f"--data-proxy: {exc}") from None
-        backend.use_caches(config.metadata)
+        self.shared: SharedTier | None = (prepared or prepare_backend(backend, config,
+                                                                      stats)).shared
 
     async def stat(self, path: str, complete: bool = True) -> Entry:
         """Attributes of ``path``: metadata cache, then the parent's cached listing, then stat.

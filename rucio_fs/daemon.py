@@ -31,7 +31,7 @@ import trio
 from . import __version__, control, kernel_tuning
 from .backend import Backend, Capability, Entry, Kind
 from .caches import EqualEntries
-from .catalog import Catalog
+from .catalog import Catalog, Prepared, prepare_backend
 from .config import LAYERS, MountConfig
 from .disk_cache import DiskCache
 from .errors import (
@@ -263,28 +263,34 @@ def _per_user(req: MountRequest, stats: Stats, ops_holder: list[RucioFs]) -> Ide
     config = req.cache
     writebacks: dict[int, WriteBack] = {}
     hints: dict[str, Any] = {}  # shared by every user's backend (Backend.use_hints)
+    #: What each started backend was prepared with, until its catalog takes it.
+    prepared: dict[int, Prepared] = {}
     equal_entries = EqualEntries(config.listing_max_entries)
 
     async def make_backend(credentials: CallerCredentials) -> Backend:
         backend = await trio.to_thread.run_sync(cls.for_caller, req.url, credentials)
         backend.use_hints(hints)
         try:
+            prepared[id(backend)] = prepare_backend(backend, config, stats)
             with trio.fail_after(config.backend_timeout):
                 await backend.start()
                 root = await backend.stat("/")
         except trio.TooSlowError:
+            prepared.pop(id(backend), None)
             await backend.aclose()
             raise Unavailable(f"{req.url}: the catalog did not answer in time") from None
         except RucioFsError:
+            prepared.pop(id(backend), None)
             await backend.aclose()
             raise
         if not root.is_dir:
+            prepared.pop(id(backend), None)
             await backend.aclose()
             raise NotADirectory(f"{req.url}: the catalog root is not a directory")
         return backend
 
     def make_catalog(backend: Backend, credentials: CallerCredentials) -> Catalog:
-        catalog = Catalog(backend, config, stats, None)
+        catalog = Catalog(backend, config, stats, None, prepared.pop(id(backend)))
         catalog.equal_entries = equal_entries
         catalog.nursery = ops_holder[0].nursery if ops_holder else None
         if backend.capabilities & Capability.WRITE:
@@ -355,6 +361,7 @@ async def _serve(req: MountRequest, backend: Backend | None,
         await _session(req, ops, stats, state, cls.scheme, not writable,
                        lambda nursery: None, close_per_user)
         return
+    prepared = prepare_backend(backend, req.cache, stats)
     try:
         with trio.fail_after(120):
             await backend.start()
@@ -372,7 +379,7 @@ async def _serve(req: MountRequest, backend: Backend | None,
             await trio.to_thread.run_sync(disk.load)
         except OSError as exc:
             raise InvalidInput(f"cache directory {req.cache.disk_dir}: {exc.strerror}") from None
-    catalog = Catalog(backend, req.cache, stats, disk)
+    catalog = Catalog(backend, req.cache, stats, disk, prepared)
     writeback = None
     if backend.capabilities & Capability.WRITE:
         writeback = WriteBack(catalog, staging_dir(req.cache), req.url,

@@ -13,11 +13,12 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import trio
-from conftest import adler32, run_cli
+from conftest import adler32, run_cli, wait_for
 from rucio_fs.backends.rucio.backend import RucioBackend
 from rucio_fs.backends.rucio.layout import RseDescription, lfn2pfn_path
 
@@ -37,6 +38,14 @@ def requests_since(path: str, start: int) -> list[str]:
     """The request lines (``METHOD /path``) logged after line ``start``."""
     return [line.split('"')[1].rsplit(" ", 1)[0] for line in log_lines(path)[start:]
             if '"' in line]
+
+
+def logged_since(path: str, start: int, count: int) -> list[str]:
+    """:func:`requests_since`, once it holds ``count`` lines (nginx logs a request after
+    its answer is sent: a loaded machine may run the client first), then a moment more."""
+    wait_for(lambda: len(requests_since(path, start)) >= count, timeout=10)
+    time.sleep(0.2)
+    return requests_since(path, start)
 
 
 def counters(m) -> dict:
@@ -60,7 +69,7 @@ def test_a_cold_cat_reads_the_computed_pfn_and_asks_no_replica_catalog(mount_fs,
     assert sorted(asked) == sorted(["GET /dids/bench/ds5000",
                                     f"GET /dids/bench/{f['name']}",
                                     f"GET /dids/bench/{f['name']}/parents"]), asked
-    got = requests_since(storage, storage_start)
+    got = logged_since(storage, storage_start, 1)
     assert got == [f"GET /rucio/{lfn2pfn_path('hash', 'bench', f['name'])}"], got
     c = counters(m)
     assert (c["speculative_reads"], c["speculative_hits"], c["replica_requests"]) == (1, 1, 0)
@@ -112,23 +121,84 @@ def test_a_non_deterministic_rse_is_never_guessed(mount_fs, rucio_server, option
     f = by_name(rucio_server, "guess", "nondet.dat")
     assert adler32((m.path / "nondet.dat").read_bytes()) == f["adler32"]
     assert counters(m).get("speculative_reads", 0) == 0
-    got = requests_since(storage, start)
+    got = logged_since(storage, start, 1)
     assert got == ["GET /nondet/chosen/at/registration/nondet.dat"], got  # never the decoy
 
 
-def test_auto_learns_an_rse_from_the_catalog_and_cache_drop_forgets_it(mount_fs,
-                                                                        rucio_server):
-    m = mount_fs("rucio:///bench")  # no rses: nothing is guessed before the first answer
-    first, second, third = (rucio_server.catalog["ds500"][i] for i in (1, 2, 3))
-    assert adler32((m.path / "ds500" / first["name"]).read_bytes()) == first["adler32"]
+def test_a_fresh_default_mount_guesses_on_the_rses_it_discovers(mount_fs, rucio_server):
+    """No option: the mount lists the catalog's RSEs and describes the deterministic disk
+    ones (DAV, DAV2, DEAD; never NONDET). The first read of a never-listed file guesses on
+    all three at once and asks no replica catalog; the verified copy confirms DAV, so the
+    next first read is one storage GET. A cache drop forgets the confirmation."""
+    m = mount_fs("rucio:///bench?speculate_hedge=30s")
+    api, storage = rucio_server.env["ACCESS_LOG"], nginx_log(rucio_server)
     c = counters(m)
-    assert c.get("speculative_reads", 0) == 0 and c["replica_requests"] == 1
-    assert adler32((m.path / "ds500" / second["name"]).read_bytes()) == second["adler32"]
+    assert (c["rse_lists"], c["rse_descriptions"]) == (1, 3)
+    first, second, third = (rucio_server.catalog["ds5000"][i] for i in (11, 12, 13))
+    assert adler32((m.path / "ds5000" / first["name"]).read_bytes()) == first["adler32"]
     c = counters(m)
-    assert (c["rse_descriptions"], c["speculative_hits"], c["replica_requests"]) == (1, 1, 1)
+    assert (c["speculative_reads"], c["speculative_hits"]) == (3, 1)
+    assert c.get("replica_requests", 0) == 0
+    api_start, storage_start = len(log_lines(api)), len(log_lines(storage))
+    assert adler32((m.path / "ds5000" / second["name"]).read_bytes()) == second["adler32"]
+    assert logged_since(storage, storage_start, 1) == [
+        f"GET /rucio/{lfn2pfn_path('hash', 'bench', second['name'])}"]
+    assert not [r for r in requests_since(api, api_start) if "replicas" in r or "rses" in r]
     run_cli("cache", "drop", str(m.path), check=True)
-    assert adler32((m.path / "ds500" / third["name"]).read_bytes()) == third["adler32"]
-    assert counters(m)["replica_requests"] == 2  # cold means cold: learned again
+    assert adler32((m.path / "ds5000" / third["name"]).read_bytes()) == third["adler32"]
+    c = counters(m)
+    assert (c["speculative_reads"], c.get("replica_requests", 0)) == (3 + 1 + 3, 0)
+
+
+def test_a_discovered_guess_is_still_checked(mount_fs, rucio_server):
+    """On a default mount, a damaged copy at the computed PFN is never served: bad.dat
+    (damaged on DAV, its only RSE) fails with EIO, corrupt.dat comes from DAV2."""
+    m = mount_fs("rucio:///bench/guess?speculate_hedge=30s&timeout=2s")
+    f = by_name(rucio_server, "guess", "corrupt.dat")
+    data = (m.path / "corrupt.dat").read_bytes()
+    assert (len(data), adler32(data)) == (f["bytes"], f["adler32"])
+    with pytest.raises(OSError) as exc:
+        (m.path / "bad.dat").read_bytes()
+    assert exc.value.errno == errno.EIO
+    assert counters(m)["speculative_reads"] >= 4
+
+
+def test_learned_layouts_are_kept_in_the_cache_dir(mount_fs, rucio_server, tmp_path):
+    """A mount with --cache-dir keeps what it learned: the next mount there lists and
+    describes no RSE, and its first read is one storage GET on the confirmed RSE."""
+    cache = str(tmp_path / "cache")
+    files = rucio_server.catalog["ds1000"]
+    first = mount_fs("rucio:///bench", "--cache-dir", cache)
+    assert adler32((first.path / "ds1000" / files[3]["name"]).read_bytes()) == files[3][
+        "adler32"]
+    first.unmount(check=True)
+    again = mount_fs("rucio:///bench", "--cache-dir", cache)
+    assert adler32((again.path / "ds1000" / files[4]["name"]).read_bytes()) == files[4][
+        "adler32"]
+    c = counters(again)
+    assert (c["rse_layouts_restored"], c.get("rse_lists", 0), c.get("rse_descriptions", 0)) \
+        == (1, 0, 0)
+    assert (c["speculative_reads"], c["speculative_hits"], c.get("replica_requests", 0)) \
+        == (1, 1, 0)
+
+
+def test_a_mount_on_the_same_redis_learns_without_its_own_rse_requests(mount_fs,
+                                                                        rucio_server,
+                                                                        own_redis):
+    shared = ("--shared-cache", own_redis.url, "--shared-timeout", "500ms")
+    files = rucio_server.catalog["ds1000"]
+    teacher = mount_fs("rucio:///bench", *shared)
+    assert adler32((teacher.path / "ds1000" / files[5]["name"]).read_bytes()) == files[5][
+        "adler32"]
+    pupil = mount_fs("rucio:///bench", *shared)
+    api = rucio_server.env["ACCESS_LOG"]
+    start = len(log_lines(api))
+    assert adler32((pupil.path / "ds1000" / files[6]["name"]).read_bytes()) == files[6][
+        "adler32"]
+    c = counters(pupil)
+    assert (c["rse_layouts_restored"], c.get("rse_descriptions", 0)) == (1, 0)
+    assert (c["speculative_reads"], c.get("replica_requests", 0)) == (1, 0)
+    assert not [r for r in requests_since(api, start) if "/rses" in r or "replicas" in r]
 
 
 def test_an_unknown_rse_to_speculate_on_fails_the_mount(rucio_server, tmp_path):
@@ -357,23 +427,26 @@ def test_an_rse_whose_catalog_pfns_differ_from_the_computed_ones_is_no_longer_gu
     guesses: list = []
 
     async def main() -> None:
-        guesses.append(await speculator.guess("s", "f1"))
+        guesses.append(await speculator.guesses("s", "f1"))
         speculator.observe("s", "f1", {"https://h:443/p/s/f1": {"rse": "SITE"}})  # identity
-        guesses.append(await speculator.guess("s", "f2"))
+        guesses.append(await speculator.guesses("s", "f2"))
 
     trio.run(main)
-    assert guesses[0] == ("SITE", f"https://h:443/p/{lfn2pfn_path('hash', 's', 'f1')}")
-    assert guesses[1] is None
+    assert guesses[0] == [("SITE", f"https://h:443/p/{lfn2pfn_path('hash', 's', 'f1')}")]
+    assert guesses[1] == []
     assert speculator.counters["speculative_layout_rejected"] == 1
 
 
 async def _two_users() -> tuple[RucioBackend, RucioBackend]:
-    """Two started backends sharing their hints, as two users' of one per-user mount."""
+    """Two started backends sharing their hints, as two users' of one per-user mount, of a
+    catalog with too many RSEs to guess on before one is confirmed (the discovered
+    candidates are cleared: layouts are learned from the catalog's answers)."""
     hints: dict = {}
     backends = _backend("rucio:///bench"), _backend("rucio:///bench")
     for backend in backends:
         backend.use_hints(hints)
         await backend.start()
+    backends[0].speculator.layouts.candidates.clear()
     return backends
 
 

@@ -37,6 +37,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 from urllib.parse import quote
 
@@ -593,8 +594,13 @@ class RucioBackend(Backend):
     def use_shared_values(self, values: SharedValues) -> None:
         """Resolved replica locations (the PFNs and their RSEs, as the catalog listed them;
         never a signed one) are shared: the first read of a file on another mount skips the
-        catalog. Each mount still orders them by its own ``rses``, ``local`` and schemes."""
-        self.resolver.shared = values
+        catalog. Each mount still orders them by its own ``rses``, ``local`` and schemes.
+        What a mount learned of RSE layouts is shared too (:mod:`.kept_layouts`)."""
+        self.resolver.shared = self.speculator.kept.shared = values
+
+    def keep_state_in(self, directory: Path) -> None:
+        """What a mount learned of RSE layouts is kept there (:mod:`.kept_layouts`)."""
+        self.speculator.kept.keep_in(directory)
 
     def use_hints(self, hints: dict[str, Any]) -> None:
         """The users of a per-user mount share what they learn of RSE layouts (per catalog
@@ -681,20 +687,23 @@ class RucioBackend(Backend):
         leaves the guess to answer; if both fail, the lookup's error is raised. With nothing
         to guess yet, the lookup goes at once, and a layout another answer teaches while it
         runs (another file's, or another user's) is guessed on then."""
-        guess = await self.speculator.guess(*handle.did)
-        if guess is None and not self.speculator.learns:
+        speculator = self.speculator
+        guesses = await speculator.guesses(*handle.did)
+        if not guesses and not speculator.learns:
             return None
-        counters = self.speculator.counters
-        under_way = self.speculator.layouts.lesson_under_way() if guess is None else None
+        counters = speculator.counters
+        under_way = speculator.layouts.lesson_under_way() if not guesses else None
         if under_way is not None:
             counters["speculative_waited"] += 1
             with trio.move_on_after(LESSON_WAIT):
                 await under_way.wait()
-            guess = await self.speculator.guess(*handle.did)
+            guesses = await speculator.guesses(*handle.did)
         found: list[bytes | memoryview] = []
         failures: list[RucioFsError] = []
         hedge = trio.CancelScope()
         guessing = False
+        #: Guesses started and not answered yet: the lookup starts when the last one misses.
+        unanswered = 0
 
         async def lookup() -> None:
             try:
@@ -712,11 +721,10 @@ class RucioBackend(Backend):
                 nursery.start_soon(lookup)
 
         async def guessed_read(guess: tuple[str, str]) -> None:
-            nonlocal guessing
+            nonlocal unanswered
             rse, pfn = guess
             url, _ = _readable_url(pfn, self.settings)
             counters["speculative_reads"] += 1
-            guessing = True
             try:
                 data = await self.guess_reader.read(url, 0, handle.entry.size)
             except RucioFsError as exc:
@@ -725,6 +733,7 @@ class RucioBackend(Backend):
             else:
                 if checksums_match(data, handle.entry):
                     counters["speculative_hits"] += 1
+                    speculator.verified(rse)
                     found.append(data)
                     nursery.cancel_scope.cancel()
                     return
@@ -736,7 +745,16 @@ class RucioBackend(Backend):
                     log.warning("%s: the copy at its computed PFN on %s does not match the "
                                 "catalog's checksums: asking the replica catalog", handle.did,
                                 rse)
-            start_lookup()
+            unanswered -= 1
+            if not unanswered:
+                start_lookup()
+
+        def start_guesses(guesses: list[tuple[str, str]]) -> None:
+            nonlocal guessing, unanswered
+            guessing = True
+            unanswered += len(guesses)
+            for guess in guesses:
+                nursery.start_soon(guessed_read, guess)
 
         async def hedge_timer() -> None:
             with hedge:
@@ -746,23 +764,24 @@ class RucioBackend(Backend):
 
         async def late_guess() -> None:
             while True:
-                lesson = self.speculator.layouts.next_lesson()
-                guess = await self.speculator.guess(*handle.did)
-                if guess is not None:
+                lesson = speculator.layouts.next_lesson()
+                guesses = await speculator.guesses(*handle.did)
+                if guesses:
                     break
                 await lesson.wait()
                 if self.resolver.answered(handle.did):
                     return  # the answer that taught it is this file's own: it is on its way
             counters["speculative_late"] += 1
-            await guessed_read(guess)
+            start_guesses(guesses)
 
         async with trio.open_nursery() as nursery:
-            if guess is not None:
-                nursery.start_soon(guessed_read, guess)
+            if guesses:
+                start_guesses(guesses)
                 nursery.start_soon(hedge_timer)
             else:  # the lookup goes at once; a layout learned meanwhile is guessed on
                 start_lookup()
                 nursery.start_soon(late_guess)
+        await speculator.keep()
         if found:
             return found[0]
         if handle.replicas is None:

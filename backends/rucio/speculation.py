@@ -10,14 +10,19 @@ error) is a miss, and the read goes the replica catalog's way as before.
 Which RSEs are guessed (``?speculate=``):
 
 * ``auto`` (the default): the RSEs of ``?rses=`` in order, then RSEs this mount has seen the
-  catalog place files on *at the computed PFN* (confirmed, most often first). A fresh mount
-  without ``rses`` guesses nothing until the first replica answer; a first read already
-  waiting for its own replica answer then starts its guess at once (on a per-user mount,
-  whichever user's answer taught it: see :class:`Layouts`).
+  catalog place files on *at the computed PFN* (confirmed, most often first). A mount
+  without ``rses`` lists the catalog's RSEs when it starts (:meth:`Speculator.discover`) and
+  describes the deterministic disk RSEs it finds; while none is confirmed, a first read
+  guesses on every one of them at once, up to :data:`BLIND_MAX` (the first verified copy
+  wins and confirms its RSE). With more candidates than that it guesses nothing until the
+  first replica answer; a first read already waiting for its own replica answer then starts
+  its guess at once (on a per-user mount, whichever user's answer taught it: see
+  :class:`Layouts`). What a mount learned is kept for the next ones (:mod:`.kept_layouts`).
 * ``RSE[,RSE...]``: only those, in order (an unknown name fails the mount).
 * ``off``: never.
 
-Only the first RSE that gives a PFN is guessed (one GET per file). An RSE is never guessed
+Once an RSE is confirmed (or named), only the first RSE that gives a PFN is guessed (one
+GET per file). An RSE is never guessed
 when its description refuses (non-deterministic, tape, signed URLs, unknown algorithm), nor
 after the catalog listed a PFN on it that differs from the computed one (its layout is not
 the one computed here: counted, logged once).
@@ -41,6 +46,7 @@ from rucio_fs.backend import Entry
 from rucio_fs.errors import InvalidInput, NotFound, RucioFsError
 from rucio_fs.http import ApiClient
 
+from .kept_layouts import KeptLayouts
 from .layout import RseDescription
 from .settings import RucioSettings
 
@@ -52,6 +58,12 @@ DESCRIPTION_TTL = 3600.0
 DESCRIPTION_RETRY = 60.0
 #: Catalog PFNs remembered per RSE not described yet (checked once it is).
 SAMPLES_PER_RSE = 4
+#: The most RSEs a first read guesses on at once while none is confirmed (one GET of the
+#: small file each); a catalog with more candidates is learned from its answers instead.
+BLIND_MAX = 4
+#: Longest a mount's start waits for the RSE list and descriptions (they are hints: past
+#: it the mount learns from the catalog's answers).
+DISCOVERY_WAIT = 2.0
 #: Longest a first read waits for the first replica lookup since a drop (see
 #: :meth:`Layouts.lesson_under_way`) before it asks on its own: a lookup takes 60-300 ms
 #: on the test server; one stuck for longer delays the others by at most this.
@@ -93,6 +105,14 @@ class Layouts:
         #: RSEs whose catalog PFNs did not: never guessed again on this mount.
         self.rejected: set[str] = set()
         self.samples: dict[str, list[tuple[str, str, str]]] = {}
+        #: Descriptions as the catalog gave them (what a snapshot keeps).
+        self.described: dict[str, dict[str, Any]] = {}
+        #: The deterministic disk RSEs a first read may guess on while none is confirmed.
+        self.candidates: list[str] = []
+        #: Whether the RSE list was read or a snapshot restored (once per mount).
+        self.discovered = False
+        #: Whether something worth keeping changed since the last snapshot was kept.
+        self.changed = False
         self._learned = trio.Event()
         #: Set when the first replica lookup since the last :meth:`forget` ends (None:
         #: none started yet).
@@ -129,7 +149,42 @@ class Layouts:
         new = rse not in self.confirmed
         self.confirmed[rse] += 1
         if new:
+            self.changed = True
             self._tell()
+
+    def describe(self, rse: str, info: Mapping[str, Any]) -> RseDescription:
+        description = RseDescription.parse(rse, info)
+        self.descriptions[rse] = description
+        self.described[rse] = dict(info)
+        self.changed = True
+        return description
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the next mounts may start from (see :mod:`.kept_layouts`)."""
+        self.changed = False
+        return {"descriptions": {rse: info for rse, info in self.described.items()
+                                 if rse in self.descriptions},
+                "candidates": self.candidates, "confirmed": dict(self.confirmed),
+                "rejected": sorted(self.rejected)}
+
+    def restore(self, snapshot: Mapping[str, Any]) -> bool:
+        """Start from a kept snapshot; False (nothing taken) when it does not parse."""
+        try:
+            descriptions = {str(rse): dict(info)
+                            for rse, info in snapshot["descriptions"].items()}
+            candidates = [str(rse) for rse in snapshot["candidates"]]
+            confirmed = {str(rse): int(n) for rse, n in snapshot["confirmed"].items()}
+            rejected = {str(rse) for rse in snapshot["rejected"]}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return False
+        for rse, info in descriptions.items():
+            self.describe(rse, info)
+        self.candidates = [rse for rse in candidates if rse in self.descriptions]
+        self.confirmed.update(confirmed)
+        self.rejected |= rejected
+        self.discovered, self.changed = True, False
+        self._tell()
+        return True
 
     def sample(self, rse: str, scope: str, name: str, pfn: str) -> None:
         samples = self.samples.setdefault(rse, [])
@@ -148,6 +203,7 @@ class Layouts:
         self.confirmed.clear()
         self.samples.clear()
         self._first_lookup = None
+        self.changed = True
 
 
 class Speculator:
@@ -163,6 +219,8 @@ class Speculator:
         #: Whether RSEs are learned from the catalog's answers (off with the metadata layer:
         #: then only ``rses`` and ``speculate`` name RSEs to guess on).
         self.learning = True
+        #: Where what was learned is kept for the next mounts.
+        self.kept = KeptLayouts(f"{settings.rucio_host} vo={settings.vo}")
 
     @property
     def enabled(self) -> bool:
@@ -194,6 +252,46 @@ class Speculator:
                                        f"{rse!r}") from None
             except RucioFsError as exc:
                 log.warning("RSE %s not described (%s): not guessed for now", rse, exc)
+        if self.learns and not self.settings.rses:
+            with trio.move_on_after(DISCOVERY_WAIT):
+                await self.discover()
+
+    async def discover(self) -> None:
+        """Learn the RSEs a first read may guess on: from a kept snapshot, else from the
+        catalog's RSE list (``GET /rses/``) and a description of each deterministic disk RSE
+        readable in it, when there are at most :data:`BLIND_MAX` of them. Once per mount
+        (per-user mounts: once for all users); a failure is logged, and the mount then
+        learns from the catalog's answers."""
+        layouts = self.layouts
+        if layouts.discovered:
+            return
+        layouts.discovered = True
+        snapshot = await self.kept.load()
+        if snapshot is not None and layouts.restore(snapshot):
+            self.counters["rse_layouts_restored"] += 1
+            return
+        try:
+            self.counters["rse_lists"] += 1
+            names = [str(rse["rse"]) async for rse in self.api.ndjson(
+                "GET", "/rses/", what="the list of RSEs") if _may_guess(rse)]
+        except RucioFsError as exc:
+            log.info("RSEs not listed (%s): learned from the catalog's answers", exc)
+            return
+        if len(names) <= BLIND_MAX:
+            async with trio.open_nursery() as nursery:
+                for rse in names:
+                    nursery.start_soon(self._describe, rse)
+            layouts.candidates = [rse for rse in names if (
+                description := layouts.descriptions.get(rse)) and not description.refusal]
+        else:
+            log.info("%d deterministic disk RSEs: guesses start once the catalog names one",
+                     len(names))
+        await self.keep()
+
+    async def keep(self) -> None:
+        """Keep what was learned for the next mounts, if anything changed."""
+        if self.layouts.changed:
+            await self.kept.save(self.layouts.snapshot())
 
     def first_endpoint(self) -> str | None:
         """A PFN on the storage the next guess goes to (to connect to it ahead), or None."""
@@ -209,16 +307,33 @@ class Speculator:
         return (self.enabled and 0 < entry.size <= self.settings.speculate_max
                 and any(algo in entry.checksums for algo in ("adler32", "md5")))
 
-    async def guess(self, scope: str, name: str) -> tuple[str, str] | None:
-        """``(rse, pfn)`` to read ``scope:name`` from before the catalog answers, or None."""
+    async def guesses(self, scope: str, name: str) -> list[tuple[str, str]]:
+        """``(rse, pfn)`` pairs to read ``scope:name`` from before the catalog answers: the
+        first named or confirmed RSE that gives a PFN; while none is confirmed, every
+        discovered candidate that gives one; else none."""
         for rse in await self._candidates():
             description = await self._describe(rse)
             if description is None or rse in self.layouts.rejected:
                 continue
             pfn = description.pfn(scope, name, self.settings.schemes)
             if pfn is not None:
-                return rse, pfn
-        return None
+                return [(rse, pfn)]
+        layouts = self.layouts
+        if self.explicit or not self.learning or layouts.confirmed:
+            return []
+        blind = []
+        for rse in layouts.candidates:
+            description = layouts.descriptions.get(rse)
+            pfn = None if description is None or rse in layouts.rejected else \
+                description.pfn(scope, name, self.settings.schemes)
+            if pfn is not None:
+                blind.append((rse, pfn))
+        return blind[:BLIND_MAX]
+
+    def verified(self, rse: str) -> None:
+        """A guess on ``rse`` gave the file's bytes: its layout is the computed one."""
+        if self.learning:
+            self.layouts.confirm(rse)
 
     def observe(self, scope: str, name: str, pfns: Mapping[str, Mapping[str, Any]]) -> None:
         """What the catalog said of ``scope:name``: confirms or rejects each RSE's computed
@@ -264,6 +379,7 @@ class Speculator:
             return
         layouts.rejected.add(description.rse)
         layouts.confirmed.pop(description.rse, None)
+        layouts.changed = True
         self.counters["speculative_layout_rejected"] += 1
         log.warning("RSE %s: the catalog's PFN for %s:%s is not the one computed with "
                     "lfn2pfn %s: its files are no longer guessed", description.rse, scope,
@@ -298,10 +414,16 @@ class Speculator:
             raise
         finally:
             layouts.describing.pop(rse).set()
-        description = RseDescription.parse(rse, info if isinstance(info, dict) else {})
-        layouts.descriptions[rse] = description
+        description = layouts.describe(rse, info if isinstance(info, dict) else {})
         if description.refusal:
             log.info("RSE %s: files are not guessed (%s)", rse, description.refusal)
         for scope, name, pfn in layouts.samples.pop(rse, []):
             self._check(description, scope, name, pfn)
         return description
+
+
+def _may_guess(rse: Any) -> bool:
+    """Whether an entry of the RSE list may be guessed on: deterministic, disk, readable."""
+    return (isinstance(rse, dict) and bool(rse.get("rse")) and rse.get("deterministic") is True
+            and str(rse.get("rse_type") or "DISK").upper() == "DISK"
+            and rse.get("availability_read", True) is not False)
