@@ -110,6 +110,13 @@ class Target:
     server_env: dict[str, str] = field(default_factory=dict)
     http_reads: bool = False          # reads are HTTP ranges a data proxy may cache
     proxy_ca: str = ""                # CA bundle of the storage's https certificate
+    #: The catalog with each request taking a while, where the experiments need requests to
+    #: overlap (coalescing): the demo catalog answers at once unless given a latency.
+    latency_url: str = ""
+
+    @property
+    def slow_url(self) -> str:
+        return self.latency_url or self.url
 
     def not_run(self) -> dict[str, str]:
         return {} if self.writable else WRITE_ONLY
@@ -118,7 +125,7 @@ class Target:
 def demo_target() -> Target:
     from rucio_fs.backends.demo.backend import LS_SIZES
     return Target("demo", "demo://", {n: f"ls/files-{n}" for n in LS_SIZES}, "ls/files-500",
-                  f"big/frame-{BIG_SIZE}.gwf")
+                  f"big/frame-{BIG_SIZE}.gwf", latency_url="demo://?latency=20ms")
 
 
 def rucio_target(server: Path) -> Target:
@@ -215,9 +222,17 @@ class Results:
             "versions": {"rucio-fs": subprocess.run([*RUCIO_FS, "--version"], check=True,
                                                     capture_output=True, text=True).stdout.strip()},
             "backend": target.backend, "url": target.url, "smoke": smoke,
-            "mounts": {}, "experiments": {}, "not_run": target.not_run(),
+            "mounts": {}, "experiments": {}, "not_run": target.not_run(), "inconsistent": [],
         }
         self.summary: list[str] = []
+
+    def off_differs(self, experiment: str, variant: str, on_calls: int, off_calls: int) -> None:
+        """An "off" variant must make more backend calls than "on": one that does not shows
+        no difference the experiment could claim (the run then fails)."""
+        if off_calls <= on_calls:
+            self.data["inconsistent"].append(
+                f"{experiment}: with {variant} off the backend had {off_calls} calls, with it "
+                f"on {on_calls}: the off variant changed nothing")
 
     def mount_config(self, name: str, mount: Mount) -> None:
         self.data["mounts"][name] = mount.stats()["config"]
@@ -236,6 +251,9 @@ class Results:
                     f"{'smoke mode' if self.data['smoke'] else 'full mode'}.", ""]
         not_run = self.data["not_run"]
         tail = ["", "Not run: " + "; ".join(not_run.values()) + "."] if not_run else []
+        if self.data["inconsistent"]:
+            tail += ["", "## Inconsistent experiments", "",
+                     *(f"- {line}" for line in self.data["inconsistent"])]
         (self.out / "summary.md").write_text("\n".join(head + self.summary + tail) + "\n")
 
 
@@ -305,7 +323,7 @@ def exp_users(root: Path, target: Target, res: Results, users: list[int]) -> Non
     n = 10_000 if 10_000 in target.dirs else max(target.dirs)
     rows, lines = [], {}
     for coalescing in (True, False):
-        m = Mount(root, target.url, *([] if coalescing else ["--no-coalescing"]))
+        m = Mount(root, target.slow_url, *([] if coalescing else ["--no-coalescing"]))
         res.mount_config(f"users_coalescing_{coalescing}", m)
         d = str(m.path / target.dirs[n])
         try:
@@ -332,6 +350,10 @@ def exp_users(root: Path, target: Target, res: Results, users: list[int]) -> Non
                     lines[key][1].append(elapsed)
         finally:
             m.unmount()
+    concurrent = [r for r in rows if r["mode"] == "cold" and r["users"] > 1]
+    res.off_differs("users", "coalescing",
+                    sum(r["backend_listings"] for r in concurrent if r["coalescing"]),
+                    sum(r["backend_listings"] for r in concurrent if not r["coalescing"]))
     one = {(r["mode"], r["coalescing"]): r["seconds"] for r in rows if r["users"] == users[0]}
     for r in rows:
         r["ratio_to_one_user"] = r["seconds"] / one[(r["mode"], r["coalescing"])]
@@ -408,6 +430,7 @@ def _md5_prefix_source(target: Target, size: int) -> str:
 def exp_nfsrods(root: Path, target: Target, res: Results, repeat: int) -> None:
     sizes = [n for n in (500, 1000, 3000, 6000, 10_000) if n in target.dirs]
     rows = []
+    listings: dict[str, int] = {}
     for label, options in (("no cache", ("--cold",)), ("cached", ())):
         m = Mount(root, target.url, *options)
         res.mount_config(f"nfsrods_{label}", m)
@@ -416,6 +439,7 @@ def exp_nfsrods(root: Path, target: Target, res: Results, repeat: int) -> None:
                 d = m.path / target.dirs[n]
                 if label == "cached":
                     timed(["ls", str(d)])
+                before = m.backend_calls("list")
                 times = []
                 for _ in range(repeat):
                     start = time.perf_counter()
@@ -424,11 +448,14 @@ def exp_nfsrods(root: Path, target: Target, res: Results, repeat: int) -> None:
                     times.append(time.perf_counter() - start)
                     if int(out) != n:
                         raise RuntimeError(f"ls | wc -l gave {out.strip()} for {n} entries")
+                calls = m.backend_calls("list") - before
+                listings[label] = listings.get(label, 0) + calls
                 mean, sd = spread(times)
                 rows.append({"entries": n, "mode": label, "mean_s": mean, "stdev_s": sd,
-                             "n": repeat})
+                             "n": repeat, "backend_listings": calls})
         finally:
             m.unmount()
+    res.off_differs("nfsrods", "the cache", listings["cached"], listings["no cache"])
     res.table("nfsrods", rows)
     res.summary += ["## NFSRODS table: `time ls <collection> | wc -l`", "",
                     "| entries | no cache (s) | cached (s) |", "|---:|---:|---:|"]
@@ -1053,7 +1080,9 @@ def main() -> int:
     shutil.rmtree(root, ignore_errors=True)
     print(f"results: {out}")
     print((out / "summary.md").read_text())
-    return 0
+    for line in res.data["inconsistent"]:
+        print(f"suite.py: {line}", file=sys.stderr)
+    return 1 if res.data["inconsistent"] else 0
 
 
 if __name__ == "__main__":

@@ -91,3 +91,29 @@ def test_bad_arguments_fail_with_an_error_line(args, message):
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert message in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("latency", [True, False], ids=["demo-with-latency", "demo-at-once"])
+def test_an_off_variant_that_changes_nothing_fails_the_run(tmp_path, latency):
+    """The users experiment (concurrent cold ``ls``, coalescing on and off) on the demo
+    catalog: with a latency per request the ``ls`` processes overlap and coalescing off makes
+    more listings; answering at once (the mutation), off makes as few as on and the suite's
+    consistency check says so."""
+    import dataclasses
+    sys.path.insert(0, str(SUITE.parent))
+    try:
+        import suite
+    finally:
+        sys.path.remove(str(SUITE.parent))
+    target = suite.demo_target()
+    if not latency:
+        target = dataclasses.replace(target, latency_url="")
+    out = tmp_path / "out"
+    out.mkdir()
+    res = suite.Results(out, target, smoke=True)
+    suite.exp_users(tmp_path, target, res, [1, 5])
+    found = res.data["inconsistent"]
+    if latency:
+        assert found == []
+    else:
+        assert len(found) == 1 and found[0].startswith("users: with coalescing off"), found
