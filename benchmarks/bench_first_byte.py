@@ -6,8 +6,9 @@ guesses and sibling batches switched off (``speculate=off&replica_batch=0``), wh
 rucio-fs read before them:
 
 1. ``cat`` of one 4 KiB file in a never-listed dataset, alternating baseline / guessed
-   (``rses=DAV``) / auto (no ``rses``: learns the RSE from the first answer, so its first cat
-   is the baseline's), median of ``--repeat``; with the machine's page cache dropped before
+   (``rses=DAV``) / auto (no option: the mount lists and describes the RSEs as it starts,
+   and its first cat guesses on each candidate at once), median of ``--repeat``; with the
+   machine's page cache dropped before
    each (which evicts the co-located servers' pages too) and without;
 2. ``cat`` of ``--files`` files of that dataset in a shell loop, never listed: baseline vs
    guessed vs auto;

@@ -418,9 +418,10 @@ class RucioBackend(Backend):
     async def start(self) -> None:
         await self.auth.headers()  # a bad password fails the mount, not the first ls
         await self.speculator.start()
-        endpoint = self.speculator.first_endpoint()
-        if endpoint is not None:  # the first guess pays no TCP/TLS handshake
-            await self.guess_reader.connect(_readable_url(endpoint, self.settings)[0])
+        async with trio.open_nursery() as nursery:  # first guesses pay no TCP/TLS handshake
+            for endpoint in self.speculator.first_endpoints():
+                nursery.start_soon(self.guess_reader.connect,
+                                   _readable_url(endpoint, self.settings)[0])
 
     async def aclose(self) -> None:
         await self.api.aclose()

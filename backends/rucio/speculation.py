@@ -293,14 +293,24 @@ class Speculator:
         if self.layouts.changed:
             await self.kept.save(self.layouts.snapshot())
 
-    def first_endpoint(self) -> str | None:
-        """A PFN on the storage the next guess goes to (to connect to it ahead), or None."""
-        for rse in self.settings.speculate if self.explicit else self.settings.rses:
-            description = self.layouts.descriptions.get(rse)
-            pfn = description.pfn("x", "x", self.settings.schemes) if description else None
+    def first_endpoints(self) -> list[str]:
+        """A PFN on each storage the first guesses go to (to connect to them ahead): the
+        first named or confirmed RSE's, else each discovered candidate's."""
+        layouts = self.layouts
+
+        def pfn_of(rse: str) -> str | None:
+            description = layouts.descriptions.get(rse)
+            return description.pfn("x", "x", self.settings.schemes) if description else None
+
+        named = self.settings.speculate if self.explicit else self.settings.rses
+        for rse in [*named, *(rse for rse, _ in layouts.confirmed.most_common())]:
+            pfn = pfn_of(rse)
             if pfn is not None:
-                return pfn
-        return None
+                return [pfn]
+        if self.explicit or not self.learning:
+            return []
+        return [pfn for rse in layouts.candidates if (pfn := pfn_of(rse)) is not None][
+            :BLIND_MAX]
 
     def applies(self, entry: Entry) -> bool:
         """Whether a first read of ``entry`` may be guessed: small and checksummed."""
