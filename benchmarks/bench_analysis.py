@@ -1,7 +1,9 @@
-"""An analysis job's reads: uproot reading a generated ROOT file through an S3 mount, beside the
-same reads from local disk and over uproot's own HTTP access, on loopback and with a delay.
+"""An analysis job's reads: uproot reading a generated ROOT file through an S3 or Rucio mount,
+beside the same reads from local disk and over uproot's own HTTP access, on loopback and with a
+delay.
 
-    python benchmarks/bench_analysis.py [--server DIR] [--entries 5000000] [--clusters 100]
+    python benchmarks/bench_analysis.py [--backend s3|rucio] [--server DIR]
+                                        [--entries 5000000] [--clusters 100]
                                         [--repeat 3] [--delay-ms 20] [--out DIR]
 
 The file: one TTree of 10 branches (5 float64, 5 float32), uncompressed, ``--clusters``
@@ -9,10 +11,12 @@ baskets per branch (the defaults make the 300 MB, 1,000-basket file of the colum
 issue). Three reads: 2 of 10 branches, the first 10,000 entries of one branch, every branch.
 Each read is made three ways, cold (the machine's page cache dropped, a new mount with no
 disk layer): uproot on a local copy, uproot on the mount (its default way of opening a path),
-and uproot's ``HTTPSource`` on a presigned URL of the same object. "needed" is what uproot
+and uproot's ``HTTPSource`` on the same object's URL (S3: presigned; Rucio: the replica on
+the storage; the Rucio mount reads over http, as uproot does). "needed" is what uproot
 reads from the local copy; "server" is what the server sent: the daemon's backend bytes for the
 mount, uproot's requested bytes over HTTP. ``--delay-ms`` repeats the mount and HTTP reads
-through a TCP proxy that holds each request that long before passing it on.
+through a TCP proxy in front of the storage that holds each request that long before passing
+it on (the Rucio catalog's own requests are not delayed).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import io
 import json
 import os
@@ -30,10 +35,14 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+from bench_rucio import token as rucio_token
 from common import SERVERS, Mount, drop_page_cache, free_port, read_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -153,23 +162,77 @@ def presigned(endpoint: str, env: dict[str, str], key: str) -> str:
                                          ExpiresIn=3600)
 
 
-def run(server: Path, root: Path, args: argparse.Namespace) -> dict:
-    import uproot
+@dataclass
+class Placement:
+    """Where the file lies on one backend: how a mount and uproot's HTTP reach it, through
+    the storage's port or a proxy in front of it."""
+
+    #: The storage's HTTP port (what the delay proxy forwards to).
+    storage_port: int
+    #: The mount's URL and options given the port reads go to.
+    mount: Callable[[int], tuple[str, list[str]]]
+    #: The file's path below the mount.
+    path: str
+    #: An HTTP URL of the file through the port.
+    http_url: Callable[[int], str]
+
+
+def s3_placement(server: Path, root: Path, local: Path) -> Placement:
+    """The file uploaded through a mount into versitygw; HTTP through a presigned URL."""
     env = read_env(server / "server.env")
     os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                             "AWS_REGION")})
-    local = root / "events.root"
-    make_file(local, args.entries, args.clusters)
     prefix = f"analysis-{uuid.uuid4().hex[:6]}"
     writer = Mount(root, f"s3://test/{prefix}?endpoint_url={env['VGW_ENDPOINT']}")
     subprocess.run(["cp", str(local), str(writer.path / "events.root")], check=True)
     writer.unmount()
+    return Placement(
+        int(env["VGW_PORT"]),
+        lambda port: (f"s3://test/{prefix}?endpoint_url=http://127.0.0.1:{port}", []),
+        "events.root",
+        lambda port: presigned(f"http://127.0.0.1:{port}", env, f"{prefix}/events.root"))
+
+
+def rucio_placement(server: Path, root: Path, local: Path) -> Placement:
+    """The file written on the test server's DAV storage where its deterministic layout puts
+    it and registered (a dataset, its replica, the attachment) through Rucio's REST API;
+    the mount has no option but http reads (and their redirect through the proxy)."""
+    env = read_env(server / "server.env")
+    os.environ["RUCIO_CONFIG"] = env["RUCIO_CONFIG"]
+    host = env["RUCIO_HOST"]
+    dataset, name = f"analysis-{uuid.uuid4().hex[:6]}", "events.root"
+    digest = hashlib.md5(f"bench:{name}".encode()).hexdigest()
+    relative = f"rucio/bench/{digest[0:2]}/{digest[2:4]}/{name}"
+    target = Path(env["DAV_ROOT"]) / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data = local.read_bytes()
+    target.write_bytes(data)
+    headers = {"X-Rucio-Auth-Token": rucio_token(host)}
+    calls = [("POST", f"/dids/bench/{dataset}", {"type": "DATASET"}),
+             ("POST", "/replicas", {"rse": "DAV", "files": [{
+                 "scope": "bench", "name": name, "bytes": len(data),
+                 "adler32": f"{zlib.adler32(data):08x}", "md5": hashlib.md5(data).hexdigest()}]}),
+             ("POST", f"/dids/bench/{dataset}/dids", {"dids": [{"scope": "bench",
+                                                                 "name": name}]})]
+    for method, path, body in calls:
+        answer = httpx.request(method, host + path, json=body, headers=headers)
+        if answer.status_code not in (200, 201) and "already" not in answer.text.lower():
+            raise RuntimeError(f"{method} {path}: HTTP {answer.status_code} {answer.text}")
+    storage = f"http://127.0.0.1:{env['DAV_HTTP']}/"
+    return Placement(
+        int(env["DAV_HTTP"]),
+        lambda port: (f"rucio:///bench/{dataset}?schemes=http"
+                      f"&redirect={storage}=http://127.0.0.1:{port}/", []),
+        name, lambda port: f"http://127.0.0.1:{port}/{relative}")
+
+
+def run(place: Placement, root: Path, local: Path, args: argparse.Namespace) -> dict:
+    import uproot
     rows = []
-    vgw_port = int(env["VGW_PORT"])
     for delay_ms in sorted({0, args.delay_ms}):
-        with delay_proxy(vgw_port, delay_ms / 1000) as port:
-            endpoint = f"http://127.0.0.1:{port}"
-            url = presigned(endpoint, env, f"{prefix}/events.root")
+        with delay_proxy(place.storage_port, delay_ms / 1000) as port:
+            url, options = place.mount(port)
+            http_url = place.http_url(port)
             for name, (branches, stop) in READS.items():
                 counting = CountingFile(local)
                 read(counting, branches, stop)
@@ -179,18 +242,16 @@ def run(server: Path, root: Path, args: argparse.Namespace) -> dict:
                     if delay_ms == 0:
                         drop_page_cache()
                         times["local"].append(read(str(local), branches, stop))
-                    m = Mount(root, f"s3://test/{prefix}?endpoint_url={endpoint}",
-                              "--no-disk-cache")
+                    m = Mount(root, url, *options, "--no-disk-cache")
                     try:
                         drop_page_cache()
-                        times["mount"].append(read(str(m.path / "events.root"), branches,
-                                                   stop))
+                        times["mount"].append(read(str(m.path / place.path), branches, stop))
                         stats = m.stats()
                         row["mount_server"] = stats["backend"]["read"]["bytes"]
                         row["mount_requests"] = stats["backend"]["read"]["latency"]["count"]
                     finally:
                         m.unmount()
-                    times["http"].append(read(url, branches, stop,
+                    times["http"].append(read(http_url, branches, stop,
                                               handler=uproot.source.http.HTTPSource))
                     row["http_server"] = read.last_bytes  # type: ignore[attr-defined]
                 for way, values in times.items():
@@ -198,13 +259,13 @@ def run(server: Path, root: Path, args: argparse.Namespace) -> dict:
                         row[f"{way}_s"] = statistics.median(values)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    return {"entries": args.entries, "clusters": args.clusters, "repeat": args.repeat,
-            "file_bytes": local.stat().st_size, "rows": rows}
+    return {"backend": args.backend, "entries": args.entries, "clusters": args.clusters,
+            "repeat": args.repeat, "file_bytes": local.stat().st_size, "rows": rows}
 
 
 def summary(result: dict) -> str:
-    lines = [f"uproot, {result['file_bytes'] / 1e6:.0f} MB file, {result['clusters']} baskets "
-             f"per branch, median of {result['repeat']}", "",
+    lines = [f"uproot on {result['backend']}, {result['file_bytes'] / 1e6:.0f} MB file, "
+             f"{result['clusters']} baskets per branch, median of {result['repeat']}", "",
              "| read | delay | needed | mount: server | ratio | HTTP: server | local s | "
              "mount s | HTTP s | mount / HTTP |", "|---" + "|---:" * 9 + "|"]
     for r in result["rows"]:
@@ -219,7 +280,9 @@ def summary(result: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--server", type=Path, help="a running scripts/servers/s3.sh directory")
+    ap.add_argument("--backend", choices=("s3", "rucio"), default="s3")
+    ap.add_argument("--server", type=Path,
+                    help="a running scripts/servers/s3.sh (or rucio.sh) directory")
     ap.add_argument("--entries", type=int, default=5_000_000)
     ap.add_argument("--clusters", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=3)
@@ -229,17 +292,22 @@ def main() -> int:
     if args.server is not None and not (args.server / "server.env").is_file():
         ap.error(f"--server {args.server}: no server.env there")
     root = Path(tempfile.mkdtemp(prefix="rucio-fs-analysis-"))
-    script = SERVERS / "s3.sh"
+    script = SERVERS / f"{args.backend}.sh"
     server = args.server or root / "server"
     if args.server is None:
-        subprocess.run(["bash", str(script), "start", str(server)], check=True)
+        subprocess.run(["bash", str(script), "start", str(server)], check=True,
+                       env={**os.environ, "PYTHON": sys.executable})
     try:
-        result = run(server, root, args)
+        local = root / "events.root"
+        make_file(local, args.entries, args.clusters)
+        placement = (s3_placement if args.backend == "s3" else rucio_placement)(
+            server, root, local)
+        result = run(placement, root, local, args)
     finally:
         if args.server is None:
             subprocess.run(["bash", str(script), "stop", str(server)], check=False)
     out = args.out or REPO / "benchmarks" / "results" / (
-        time.strftime("%Y%m%d-%H%M%S") + "-analysis")
+        time.strftime("%Y%m%d-%H%M%S") + f"-analysis-{args.backend}")
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=1))
     text = summary(result)
