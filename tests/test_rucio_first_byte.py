@@ -437,6 +437,36 @@ def test_an_rse_whose_catalog_pfns_differ_from_the_computed_ones_is_no_longer_gu
     assert speculator.counters["speculative_layout_rejected"] == 1
 
 
+def test_discovered_rses_that_hold_none_of_the_files_are_no_longer_guessed_on():
+    """Blind guesses cost a GET per candidate: once the catalog has answered for three files
+    and placed none at a candidate's computed PFN, first reads stop guessing there."""
+    from rucio_fs.backends.rucio.settings import RucioSettings
+    from rucio_fs.backends.rucio.speculation import BLIND_GIVE_UP, Speculator
+
+    class Describer:
+        async def json(self, method: str, path: str, what: str = ""):
+            return {"deterministic": True, "lfn2pfn_algorithm": "hash", "rse_type": "DISK",
+                    "protocols": [{"scheme": "https", "hostname": "h", "port": 443,
+                                   "prefix": "/p/", "domains": {"wan": {"read": 1}}}]}
+
+    settings = RucioSettings(rucio_host="http://x", auth_host="http://x", account="a",
+                             auth_type="token")
+    speculator = Speculator(Describer(), settings)  # type: ignore[arg-type]
+    found: list = []
+
+    async def main() -> None:
+        await speculator._describe("SITE")
+        speculator.layouts.candidates = ["SITE"]
+        found.append(await speculator.guesses("s", "f0"))
+        for i in range(BLIND_GIVE_UP):
+            speculator.observe("s", f"f{i}", {f"https://tape:1/x/f{i}": {"rse": "ELSEWHERE"}})
+            found.append(await speculator.guesses("s", "f9"))
+
+    trio.run(main)
+    assert [len(g) for g in found] == [1] * BLIND_GIVE_UP + [0]
+    assert speculator.layouts.candidates == [] and speculator.layouts.changed
+
+
 async def _two_users() -> tuple[RucioBackend, RucioBackend]:
     """Two started backends sharing their hints, as two users' of one per-user mount, of a
     catalog with too many RSEs to guess on before one is confirmed (the discovered

@@ -61,6 +61,10 @@ SAMPLES_PER_RSE = 4
 #: The most RSEs a first read guesses on at once while none is confirmed (one GET of the
 #: small file each); a catalog with more candidates is learned from its answers instead.
 BLIND_MAX = 4
+#: Catalog answers placing no file at a discovered candidate's computed PFN (while none is
+#: confirmed) after which first reads stop guessing on the candidates: their files lie
+#: elsewhere, and each guess would be a GET for nothing.
+BLIND_GIVE_UP = 3
 #: Longest a mount's start waits for the RSE list and descriptions (they are hints: past
 #: it the mount learns from the catalog's answers).
 DISCOVERY_WAIT = 2.0
@@ -109,6 +113,8 @@ class Layouts:
         self.described: dict[str, dict[str, Any]] = {}
         #: The deterministic disk RSEs a first read may guess on while none is confirmed.
         self.candidates: list[str] = []
+        #: Catalog answers that confirmed no candidate while none was confirmed.
+        self.unplaced = 0
         #: Whether the RSE list was read or a snapshot restored (once per mount).
         self.discovered = False
         #: Whether something worth keeping changed since the last snapshot was kept.
@@ -203,6 +209,7 @@ class Layouts:
         self.confirmed.clear()
         self.samples.clear()
         self._first_lookup = None
+        self.unplaced = 0
         self.changed = True
 
 
@@ -360,6 +367,14 @@ class Speculator:
                 layouts.sample(rse, scope, name, pfn)  # checked once it is described
                 continue
             self._check(description, scope, name, pfn)
+        if layouts.candidates and not layouts.confirmed:
+            layouts.unplaced += 1
+            if layouts.unplaced >= BLIND_GIVE_UP:
+                log.info("%d files answered, none at a discovered RSE's computed PFN: first "
+                         "reads no longer guess on %s", layouts.unplaced,
+                         ", ".join(layouts.candidates))
+                layouts.candidates = []
+                layouts.changed = True
 
     def forget(self) -> None:
         """Forget what was learned from the catalog (see :meth:`Layouts.forget`)."""
