@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
-import io
 import json
 import os
 import statistics
@@ -45,54 +44,12 @@ import httpx
 from bench_rucio import token as rucio_token
 from common import SERVERS, Mount, drop_page_cache, free_port, read_env
 
+from rucio_fs.testing.root_files import CountingFile, make_tree
+
 REPO = Path(__file__).resolve().parent.parent
 
 READS = {"two branches": (["b0", "b7"], None), "first 10,000 entries": (["b3"], 10_000),
          "all branches": ([f"b{i}" for i in range(10)], None)}
-
-
-class CountingFile(io.RawIOBase):
-    """A local file counting the bytes read from it."""
-
-    def __init__(self, path: Path) -> None:
-        self._file = open(path, "rb", buffering=0)  # noqa: SIM115
-        self.bytes = 0
-
-    def readinto(self, buffer) -> int:  # type: ignore[override]
-        count = self._file.readinto(buffer) or 0
-        self.bytes += count
-        return count
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self._file.close()
-        super().close()
-
-
-def make_file(path: Path, entries: int, clusters: int) -> None:
-    import numpy as np
-    import uproot
-    rng = np.random.default_rng(1)
-    per = entries // clusters
-    names = [f"b{i}" for i in range(10)]
-    with uproot.recreate(path, compression=None) as f:
-        for cluster in range(clusters):
-            data = {n: rng.random(per) if i < 5 else rng.random(per).astype(np.float32)
-                    for i, n in enumerate(names)}
-            if cluster == 0:
-                tree = f.mktree("tree", {n: a.dtype for n, a in data.items()})
-            tree.extend(data)
 
 
 def read(source, branches: list[str], stop: int | None, **options) -> float:
@@ -299,7 +256,7 @@ def main() -> int:
                        env={**os.environ, "PYTHON": sys.executable})
     try:
         local = root / "events.root"
-        make_file(local, args.entries, args.clusters)
+        make_tree(local, args.entries, args.clusters)
         placement = (s3_placement if args.backend == "s3" else rucio_placement)(
             server, root, local)
         result = run(placement, root, local, args)

@@ -24,6 +24,7 @@ shorter), retrying dropped connections, stalls and 5xx with backoff a bounded nu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import json
@@ -353,84 +354,62 @@ class ApiClient:
         what = what or f"{method} {path}"
         extra_headers = kwargs.pop("headers", None)
         failure = ""
-        direct = self._direct is not None
         for attempt, delay in enumerate([0.0, *self.retry.delays()]):
             await trio.sleep(delay)
-            yielded = False
-            if direct:
-                headers = await self._headers({"headers": extra_headers})
-                stream = _Stream(self._direct, *await self._wire(  # type: ignore[arg-type]
-                    method, path, headers, dict(kwargs)), method=method)
-                try:
-                    status, answer_headers = await stream.head()
-                    self.counters["requests"] += 1
-                    if status in REDIRECTS:
-                        direct = False  # httpx follows it
-                    elif status == 401 and self.auth and attempt == 0:
-                        await self.auth.refresh(headers)
-                        continue
-                    elif status in RETRYABLE:
-                        self.counters["retries"] += 1
-                        failure = f"HTTP {status}"
-                        continue
-                    elif status != 200:
-                        body = await stream.body()
-                        raise status_error(status, what, self.describe(
-                            httpx.Response(status, headers=answer_headers, content=body)))
-                    else:
-                        pending = b""
-                        async for chunk in stream.chunks():
-                            lines = (pending + chunk).split(b"\n")
-                            pending = lines.pop()
-                            for line in lines:
-                                if line.strip():
-                                    yielded = True
-                                    yield _parse_line(line, what)
-                        if pending.strip():
-                            yield _parse_line(pending, what)
-                        return
-                except httpx.TransportError as exc:
-                    if yielded:
-                        raise Unavailable(f"{what}: stream broken after partial answer "
-                                          f"({type(exc).__name__})") from None
-                    self.counters["retries"] += 1
-                    failure = type(exc).__name__
-                    continue
-                finally:
-                    stream.close()
+            yielded = [False]
             try:
                 headers = await self._headers({"headers": extra_headers})
-                async with self._client.stream(method, self.base_url + path, **kwargs,
-                                               headers=headers) as response:
+                async with self._answer(method, path, headers, kwargs) as answer:
                     self.counters["requests"] += 1
-                    if response.status_code == 401 and self.auth and attempt == 0:
-                        await self.auth.refresh(response.request.headers)
+                    if answer.status == 401 and self.auth and attempt == 0:
+                        await self.auth.refresh(answer.sent)
                         continue
-                    if response.status_code in RETRYABLE:
+                    if answer.status in RETRYABLE:
                         self.counters["retries"] += 1
-                        failure = f"HTTP {response.status_code}"
+                        failure = f"HTTP {answer.status}"
                         continue
-                    if response.status_code != 200:
-                        await response.aread()
-                        raise status_error(response.status_code, what, self.describe(response))
-                    pending = b""
-                    async for chunk in response.aiter_bytes():
-                        lines = (pending + chunk).split(b"\n")
-                        pending = lines.pop()
-                        for line in lines:
-                            if line.strip():
-                                yielded = True
-                                yield _parse_line(line, what)
-                    if pending.strip():
-                        yield _parse_line(pending, what)
+                    if answer.status != 200:
+                        raise status_error(answer.status, what, self.describe(
+                            await answer.whole()))
+                    async for value in _json_lines(answer.chunks, what, yielded):
+                        yield value
                     return
             except httpx.TransportError as exc:
-                if yielded:
+                if yielded[0]:
                     raise Unavailable(f"{what}: stream broken after partial answer "
                                       f"({type(exc).__name__})") from None
                 self.counters["retries"] += 1
                 failure = type(exc).__name__
         raise Unavailable(f"{what}: {failure or 'no answer'} after {self.retry.attempts} attempts")
+
+    @contextlib.asynccontextmanager
+    async def _answer(self, method: str, path: str, headers: dict[str, str],
+                      kwargs: dict[str, Any]) -> AsyncIterator[_Answer]:
+        """A request's answer whose body is read as it arrives: through ``http.client`` in a
+        thread of its own (see :class:`_Stream`), else (a proxy from the environment, or a
+        redirect, which httpx follows) through httpx."""
+        if self._direct is not None:
+            stream = _Stream(self._direct, *await self._wire(method, path, headers,
+                                                             dict(kwargs)), method=method)
+            try:
+                status, answer_headers = await stream.head()
+                if status not in REDIRECTS:
+                    async def whole() -> httpx.Response:
+                        return httpx.Response(status, headers=answer_headers,
+                                              content=await stream.body())
+
+                    yield _Answer(status, headers, stream.chunks(), whole)
+                    return
+            finally:
+                stream.close()
+        async with self._client.stream(method, self.base_url + path, **kwargs,
+                                       headers=headers) as response:
+            async def read_whole() -> httpx.Response:
+                await response.aread()
+                return response
+
+            yield _Answer(response.status_code, response.request.headers,
+                          response.aiter_bytes(), read_whole)
 
     async def _headers(self, kwargs: dict[str, Any]) -> dict[str, str]:
         headers = dict(kwargs.pop("headers", None) or {})
@@ -633,6 +612,34 @@ class _Exchanges:
             conn.close()
         else:
             self.pool.put(*key, conn)
+
+
+@dataclass
+class _Answer:
+    """The head of an answer whose body is still to be read."""
+
+    status: int
+    #: The headers the request was sent with (a 401 renews the credentials among them).
+    sent: Mapping[str, str]
+    chunks: AsyncIterator[bytes]
+    #: The whole answer, its body read (for an error's description).
+    whole: Callable[[], Awaitable[httpx.Response]]
+
+
+async def _json_lines(chunks: AsyncIterator[bytes], what: str,
+                      yielded: list[bool]) -> AsyncIterator[Any]:
+    """The JSON values of newline-delimited ``chunks``; ``yielded[0]`` turns True with the
+    first (a failure after it cannot be retried)."""
+    pending = b""
+    async for chunk in chunks:
+        lines = (pending + chunk).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            if line.strip():
+                yielded[0] = True
+                yield _parse_line(line, what)
+    if pending.strip():
+        yield _parse_line(pending, what)
 
 
 class _Stream:

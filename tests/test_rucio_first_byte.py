@@ -411,19 +411,22 @@ def test_user_and_group_scopes_become_directories():
     assert refused.refusal == "not a disk RSE" and refused.pfn("s", "n", ("https",)) is None
 
 
+class HashDescriber:
+    """Describes every RSE as one deterministic https RSE of the ``hash`` layout."""
+
+    async def json(self, method: str, path: str, what: str = ""):
+        return {"deterministic": True, "lfn2pfn_algorithm": "hash", "rse_type": "DISK",
+                "protocols": [{"scheme": "https", "hostname": "h", "port": 443,
+                               "prefix": "/p/", "domains": {"wan": {"read": 1}}}]}
+
+
 def test_an_rse_whose_catalog_pfns_differ_from_the_computed_ones_is_no_longer_guessed():
     from rucio_fs.backends.rucio.settings import RucioSettings
     from rucio_fs.backends.rucio.speculation import Speculator
 
-    class Describer:
-        async def json(self, method: str, path: str, what: str = ""):
-            return {"deterministic": True, "lfn2pfn_algorithm": "hash", "rse_type": "DISK",
-                    "protocols": [{"scheme": "https", "hostname": "h", "port": 443,
-                                   "prefix": "/p/", "domains": {"wan": {"read": 1}}}]}
-
     settings = RucioSettings(rucio_host="http://x", auth_host="http://x", account="a",
                              auth_type="token", rses=("SITE",))
-    speculator = Speculator(Describer(), settings)  # type: ignore[arg-type]
+    speculator = Speculator(HashDescriber(), settings)  # type: ignore[arg-type]
     guesses: list = []
 
     async def main() -> None:
@@ -443,15 +446,9 @@ def test_discovered_rses_that_hold_none_of_the_files_are_no_longer_guessed_on():
     from rucio_fs.backends.rucio.settings import RucioSettings
     from rucio_fs.backends.rucio.speculation import BLIND_GIVE_UP, Speculator
 
-    class Describer:
-        async def json(self, method: str, path: str, what: str = ""):
-            return {"deterministic": True, "lfn2pfn_algorithm": "hash", "rse_type": "DISK",
-                    "protocols": [{"scheme": "https", "hostname": "h", "port": 443,
-                                   "prefix": "/p/", "domains": {"wan": {"read": 1}}}]}
-
     settings = RucioSettings(rucio_host="http://x", auth_host="http://x", account="a",
                              auth_type="token")
-    speculator = Speculator(Describer(), settings)  # type: ignore[arg-type]
+    speculator = Speculator(HashDescriber(), settings)  # type: ignore[arg-type]
     found: list = []
 
     async def main() -> None:
