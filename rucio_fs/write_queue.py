@@ -257,11 +257,19 @@ class WriteQueue:
         bisect.insort(self._ready, op, key=_KEY)
 
     def _release_due(self, now: float) -> None:
-        """The ops in backoff whose retry time has come go back into the window."""
+        """The ops in backoff whose retry time has come go back into the window. A removal
+        due takes every removal in backoff with it: removals that failed in several requests
+        (``rm -r`` outpacing the queue) are tried again in one."""
         backoff = self._backoff
+        removal_due = False
         while backoff and backoff[0][0] <= now:
             _time, _key, attempts, op = heapq.heappop(backoff)
             if op.held and op.attempts == attempts:
+                self._release(op)
+                removal_due = removal_due or op.kind in REMOVALS
+        if removal_due and self.remove_batch_max > 1:
+            for op in [op for op in self.ops.values() if op.held and op.kind in REMOVALS]:
+                op.not_before = now
                 self._release(op)
 
     def queued(self, covers: Callable[[Op], bool]) -> list[Op]:

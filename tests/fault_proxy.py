@@ -12,7 +12,8 @@ a fault is armed for a path, spoils the answer the way real networks and servers
 * ``fake-ok``: answer 200 without forwarding, as a server whose retry is answered with success
   although the work failed (an S3 ``ETag`` header for a PUT, a completion body for a POST);
 * ``lost-ok``: forward (the server does the work), then answer 500: a success the client never
-  hears of.
+  hears of;
+* ``late``: forward after :data:`LATE` seconds, as a busy server answers.
 
 A fault may be limited to one HTTP method (``inject(..., method="POST")``). Its ``match`` is
 looked for in the request's path, its body (an iRODS form's ``op=...``) and its headers,
@@ -41,7 +42,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
-KINDS = ("drop", "stall", "corrupt", "error", "short-token", "slowdown", "fake-ok", "lost-ok")
+KINDS = ("drop", "stall", "corrupt", "error", "short-token", "slowdown", "fake-ok", "lost-ok",
+         "late")
+#: Seconds a ``late`` answer waits before the request is forwarded.
+LATE = 0.3
 
 
 @dataclass(eq=False)
@@ -170,6 +174,9 @@ class FaultProxy:
                                    "ExceptionMessage": "injected"},
                     b'{"ExceptionClass": "DatabaseException", "ExceptionMessage": "injected"}')
             return
+        if before == "late":
+            self._take_fault(*request)
+            time.sleep(LATE)
         headers = {k: v for k, v in handler.headers.items() if k.lower() not in HOP_BY_HOP}
         upstream = http.client.HTTPConnection(*self.upstream, timeout=60)
         try:
@@ -179,8 +186,9 @@ class FaultProxy:
             status, reply_headers = response.status, response.getheaders()
         finally:
             upstream.close()
-        fault = self._take_fault(*request) if data or status == 200 else None
-        assert fault not in ("error", "slowdown", "fake-ok")
+        fault = (self._take_fault(*request) if before != "late" and (data or status == 200)
+                 else None)
+        assert fault not in ("error", "slowdown", "fake-ok", "late")
         if fault == "lost-ok":
             _answer(handler, 500, {"Content-Type": "application/xml"},
                     b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import journal_records, run_cli, wait_for
+from fault_proxy import fault_proxy
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -122,21 +123,30 @@ def test_a_copied_and_removed_tree_matches_the_server(catalog, mount_fs, tmp_pat
 
 def test_removals_queued_meanwhile_go_in_one_request_and_their_directory_in_the_next(
         s3_catalog, mount_fs, tmp_path):
-    """``rm -r`` of a directory of 300 files while the server is down: the 300 removals go
-    in one DeleteObjects request, each try of them (they fail and back off together), and
-    the directory's removal, which waits for them, in the request after it. Once the server
-    is back that is two requests that succeed, whenever the retries come."""
+    """``rm -r`` of a directory of 300 files while the server is down: however the removals
+    were split while ``rm -r`` ran, once they have failed they are tried again together, in
+    one DeleteObjects request each time their backoff ends (they fail and back off together),
+    and the directory's removal, which waits for them, in the request after it. Once the
+    server is back that is two requests that succeed, whenever the retries come."""
     prefix = s3_catalog.url.split("/", 3)[3]
     s3_catalog.server.seed(prefix, {f"many/f{i:03d}": b"x" for i in range(300)})
     mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
                    "--staging-dir", str(tmp_path / "staging"))
     assert len(os.listdir(mnt.path / "many")) == 300
+
+    def queued() -> dict[str, dict]:
+        return {q["path"]: q for q in control.request(str(mnt.path), "uploads")["queued"]}
+
     with s3_catalog.server.gateway_down():
         subprocess.run(["rm", "-r", str(mnt.path / "many")], check=True)
         assert not (mnt.path / "many").exists()
         down = control.request(str(mnt.path), "uploads", wait=True, timeout=120)
-        assert down["failed"]  # tried now, all of them: the server is down
-        tried = {q["path"]: q for q in down["queued"]}
+        assert down["failed"]  # tried now: the server is down
+        wait_for(lambda: all(q["attempts"] >= 1 for p, q in queued().items() if p != "/many"))
+        # The retries come by themselves (first backoff: 2 s), all removals at once.
+        wait_for(lambda: all(q["attempts"] >= 2 and not q["running"]
+                             for p, q in queued().items() if p != "/many"), timeout=30)
+        tried = queued()
         assert len(tried) == 301 and tried["/many"]["attempts"] == 0  # waits for its files
         assert {q["error"] for q in tried.values() if q["op"] == "unlink"} == {
             tried["/many/f000"]["error"]}
@@ -193,20 +203,24 @@ def test_names_in_a_directory_whose_mkdir_never_ran_are_not_asked_of_the_server(
         s3_catalog, mount_fs, tmp_path):
     """mdtest's file creation after a cache drop: a lookup in a directory made here and never
     sent is answered locally (the server holds nothing there), not with a listing or a stat
-    apiece; the files still end up on the server, and only there."""
-    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC,
-                   "--write-back-parallelism", "1", "--staging-dir", str(tmp_path / "staging"))
-    for i in range(200):
-        os.mkdir(mnt.path / f"d{i}")
-    mnt.drop()
-    mnt.stats(reset=True)
-    for i in range(200):
-        (mnt.path / f"d{i}" / "f").write_bytes(b"%d" % i)
-    asked = mnt.backend_calls("list") + mnt.backend_calls("stat")
-    tried = mnt.backend_calls("mkdir")
-    # At most a listing and a stat for a directory whose mkdir was tried meanwhile.
-    assert asked <= 2 * tried + 2 and tried < 150, (asked, tried)
-    drained(mnt)
+    apiece; the files still end up on the server, and only there. The server answers late,
+    so that most directories are still queued when their files are written."""
+    with fault_proxy(s3_catalog.server.endpoint) as proxy:
+        proxy.inject("late", method="PUT", times=12)  # the first 12 mkdirs: 3.6 s
+        mnt = mount_fs(s3_catalog.url, "-o", f"endpoint_url={proxy.url}", *ASYNC,
+                       "--write-back-parallelism", "1",
+                       "--staging-dir", str(tmp_path / "staging"))
+        for i in range(200):
+            os.mkdir(mnt.path / f"d{i}")
+        mnt.drop()
+        mnt.stats(reset=True)
+        for i in range(200):
+            (mnt.path / f"d{i}" / "f").write_bytes(b"%d" % i)
+        asked = mnt.backend_calls("list") + mnt.backend_calls("stat")
+        tried = mnt.backend_calls("mkdir")
+        # At most a listing and a stat for a directory whose mkdir was tried meanwhile.
+        assert asked <= 2 * tried + 2 and tried < 150, (asked, tried)
+        drained(mnt)
     assert on_server(mount_fs, s3_catalog, tmp_path) == {
         **{f"d{i}": None for i in range(200)}, **{f"d{i}/f": b"%d" % i for i in range(200)}}
 

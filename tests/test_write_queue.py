@@ -148,6 +148,40 @@ def test_wait_returns_once_a_retry_succeeded_after_a_failed_try():
     run_virtual(main)
 
 
+def test_removals_that_failed_in_several_requests_are_tried_again_in_one():
+    """``rm -r`` outpaced the queue: its removals went in two requests, and both failed.
+    Their retries come together, in one request, not one per first try's batch."""
+    batches: list[int] = []
+
+    async def remove_many(names: list) -> dict:
+        batches.append(len(names))
+        await trio.sleep(1)
+        if len(batches) <= 2:
+            raise Unavailable("the server is down")
+        return {}
+
+    queue = WriteQueue(ScriptedWriteBack(lambda op: trio.sleep(0)), 4,  # type: ignore[arg-type]
+                       1000)
+    queue.wb.catalog.remove_many = remove_many
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(queue.run)
+            ops = [Op(0, "unlink", f"/d/f{i:03d}") for i in range(200)]
+            for op in ops[:100]:
+                queue.add(op)
+            await until(lambda: bool(batches))
+            for op in ops[100:]:
+                queue.add(op)
+            with trio.fail_after(60):
+                await until(lambda: all(op.done for op in ops))
+            nursery.cancel_scope.cancel()
+
+    run_virtual(main)
+    assert batches == [100, 100, 200]
+    assert all(error is None for _path, error in queue.wb.finished)
+
+
 def test_refused_puts_stay_queued_and_let_unrelated_ops_run(monkeypatch):
     """3,000 puts refused for good (403) ahead of ready ops on other paths, with a window of
     64: the ready ones run at once; the refused ones stay queued (never dropped), each tried
