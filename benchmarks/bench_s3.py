@@ -15,7 +15,9 @@ Experiments (the same server, one run):
   given distinct old times (some with nanoseconds) and a few modes, from local disk into an
   empty prefix through rucio-fs (``--write-back sync`` and ``async``), rclone and s3fs in turn:
   the first run (async: until ``rucio-fs uploads --wait`` returns, the data on the server),
-  a second run on the same mount, and a second run on a new mount of the prefix (caches cold).
+  a second run on the same mount, and a second run on a new mount of the prefix (memory
+  caches cold; rucio-fs mounts with one ``--cache-dir`` for both, as a user who syncs again
+  does, so the new mount starts from the file attributes the first one learned).
   Each run is ``rsync -ai``: its exit code and the lines it itemized (none on a second run
   when the client keeps what rsync set). rclone is mounted without ``--use-server-modtime``
   (it then shows the times rsync set; no ``--vfs-cache-mode``: like s3fs and sync rucio-fs,
@@ -253,7 +255,8 @@ def exp_rsync(env: dict, root: Path, files: int, peers: list[str], logs: Path) -
         runs = {}
         for mount_no, run_names in enumerate([("first", "again"), ("remount",)], start=1):
             log = logs / f"{name.replace(' ', '-')}-{mount_no}.log"
-            extra = (*options, "--log-file", str(log)) if kind == "rucio-fs" else ()
+            extra = ((*options, "--log-file", str(log), "--cache-dir",
+                      str(root / f"cache-{prefix}")) if kind == "rucio-fs" else ())
             with s3_peer_mount(kind, env, prefix, root, options=extra, keep_times=True) as mnt:
                 for run in run_names:
                     runs[run] = rsync_run(source, mnt / "tree", wait)

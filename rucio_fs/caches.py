@@ -73,6 +73,41 @@ class CacheLayer(Generic[V]):
         return int(self._cache.currsize)
 
 
+class TimedLayer(CacheLayer[V]):
+    """A :class:`CacheLayer` whose items expire ``ttl_of(value)`` seconds after they are
+    stored, bounded by ``maxsize`` (of ``getsizeof`` units), that can say when each expires:
+    the kernel may keep what the mount showed it for as long as this layer answers it."""
+
+    def __init__(self, name: str, enabled: bool, maxsize: int, ttl_of: Callable[[V], float],
+                 stats: Stats, getsizeof: Callable[[V], int] | None = None) -> None:
+        # Items are (value, expiry): the expiry is the cache's own, kept where it can be read.
+        sized = (lambda item: getsizeof(item[0])) if getsizeof is not None else None
+        super().__init__(name, enabled, TLRUCache(maxsize, lambda _k, item, _now: item[1],
+                                                  getsizeof=sized), stats)
+        self._ttl_of = ttl_of
+
+    def get(self, key: Hashable) -> V | None:
+        if self.enabled:
+            item = self._cache.get(key)
+            if item is not None:
+                self._counters["hits"] += 1
+                return item[0]
+        self._counters["misses"] += 1
+        return None
+
+    def peek(self, key: Hashable) -> V | None:
+        item = self._cache.get(key) if self.enabled else None
+        return item[0] if item is not None else None
+
+    def put(self, key: Hashable, value: V) -> None:
+        super().put(key, (value, time.monotonic() + self._ttl_of(value)))  # type: ignore[arg-type]
+
+    def expires(self, key: Hashable) -> float:
+        """When (``time.monotonic()``) the item of ``key`` expires; 0.0 when there is none."""
+        item = self._cache.get(key) if self.enabled else None
+        return item[1] if item is not None else 0.0
+
+
 def ttl_cache(maxsize: int, ttl_of: Callable[[Any], float],
               getsizeof: Callable[[Any], int] | None = None,
               timer: Callable[[], float] = time.monotonic) -> TLRUCache:

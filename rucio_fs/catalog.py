@@ -37,7 +37,7 @@ from .backend import (
     content_version,
 )
 from .background import start_guarded
-from .caches import CacheLayer, EqualEntries, Listing, ttl_cache
+from .caches import CacheLayer, EqualEntries, Listing, TimedLayer, ttl_cache
 from .config import MountConfig
 from .datapath import DataPath
 from .disk_cache import DiskCache
@@ -69,6 +69,8 @@ UNREACHABLE_SECONDS = 10.0
 
 #: Cached in the metadata layer for a path that does not exist (a negative entry).
 _MISSING = Entry(name="", kind=Kind.FILE)
+#: In :attr:`Catalog._looked_up_in`: the directory was listed for a walk.
+_WALKED = object()
 
 
 class Overlay(Protocol):
@@ -191,18 +193,16 @@ class Catalog:
             return config.immutable_ttl if entry.immutable else config.metadata_ttl
 
         self._metadata_ttl = metadata_ttl
-        self.metadata: CacheLayer[Entry] = CacheLayer(
-            "metadata", config.metadata,
-            ttl_cache(config.metadata_max_entries, metadata_ttl), stats)
+        self.metadata: TimedLayer[Entry] = TimedLayer(
+            "metadata", config.metadata, config.metadata_max_entries, metadata_ttl, stats)
         #: path -> (content version, extended attributes).
         self.xattr_cache: CacheLayer[tuple[str, dict[str, bytes]]] = CacheLayer(
             "xattrs", config.metadata,
             ttl_cache(config.metadata_max_entries // 10 or 1, lambda _x: config.metadata_ttl),
             stats)
-        self.listing: CacheLayer[Listing] = CacheLayer(
-            "listing", config.listing,
-            ttl_cache(config.listing_max_entries, lambda _l: config.listing_ttl,
-                      getsizeof=lambda listing: len(listing) + 1), stats)
+        self.listing: TimedLayer[Listing] = TimedLayer(
+            "listing", config.listing, config.listing_max_entries,
+            lambda _l: config.listing_ttl, stats, getsizeof=lambda listing: len(listing) + 1)
         self.calls = BackendCalls(stats, config.backend_timeout, config.coalescing)
         #: Blocks of file data: the data and disk layers and the reads that fill them.
         self.data_path = DataPath(config, stats, self.calls, self._read_exact, disk)
@@ -310,6 +310,27 @@ class Catalog:
             raise NotFound(path)
         return self._with_kept(path, entry)
 
+    def kept_until(self, path: str) -> float:
+        """Until when (``time.monotonic()``) :meth:`stat` of ``path`` answers from what this
+        catalog holds, asking nothing: while its content is pending here and for the metadata
+        TTL after (its upload's answer is cached then), until its cached stat result expires,
+        or while a cached listing holds it with its stored attributes. 0.0: the next
+        :meth:`stat` may ask the server."""
+        if self.overlay.entry(path) is not None:
+            return time.monotonic() + self.config.metadata_ttl
+        if self.metadata.peek(path) is _MISSING:
+            return 0.0
+        until = self.metadata.expires(path)
+        if path != "/":
+            parent, name = split_path(path)
+            listed_until = self.listing.expires(parent)
+            if listed_until > until:
+                listing = self.listing.peek(parent)
+                entry = listing.by_name.get(name) if listing is not None else None
+                if entry is not None and entry.complete:
+                    until = listed_until
+        return until
+
     async def list(self, path: str) -> Listing:
         """The listing of directory ``path``: cached and complete, or still filling (then it
         has its first entries or is done, so a listing that fails at once fails here)."""
@@ -344,6 +365,12 @@ class Catalog:
             return True
         earlier = self._looked_up_in.get(parent)
         if earlier is not None and earlier != name:
+            self._looked_up_in[parent] = _WALKED
+            return True
+        if parent != "/" and self._looked_up_in.get(split_path(parent)[0]) is _WALKED:
+            # A walk goes on below a directory listed for it: its subdirectories are
+            # listed at their first lookup, not at their second.
+            self._looked_up_in[parent] = _WALKED
             return True
         self._looked_up_in[parent] = name
         return False

@@ -551,7 +551,9 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
             if unknown:
                 raise InvalidInput(f"unknown cache layer(s): {', '.join(sorted(unknown))}")
             ops.drop_caches(layers)
-            invalidated = await ops.drop_kernel_cache() if "kernel" in layers else 0
+            # The kernel keeps names and attributes as long as these layers answer them.
+            invalidated = (await ops.drop_kernel_cache()
+                           if {"kernel", "metadata", "listing"} & set(layers) else 0)
             forgotten = 0
             for catalog in ops.catalogs():
                 if catalog.shared and "shared" in layers:

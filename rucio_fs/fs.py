@@ -175,6 +175,12 @@ def _invalidate_entry(parent_ino: int, name: str) -> None:
         pyfuse3.invalidate_entry(parent_ino, os.fsencode(name))
 
 
+def _forget_in_kernel(parent_ino: int, name: str, ino: int) -> None:
+    """The kernel forgets the name and the attributes (and pages) of an inode."""
+    _invalidate_entry(parent_ino, name)
+    _invalidate_inode(ino)
+
+
 def _invalidate_inode(ino: int) -> None:
     with contextlib.suppress(OSError):  # already forgotten by the kernel
         pyfuse3.invalidate_inode(ino)
@@ -242,6 +248,9 @@ class RucioFs(pyfuse3.Operations):
                 self._immutable_ttl = min(self._immutable_ttl, config.kernel_ttl)
         else:
             self._entry_ttl = self._attr_ttl = self._immutable_ttl = self._negative_ttl = 0.0
+        #: Whether the kernel keeps mutable entries as long as the catalog's caches do (not
+        #: on a per-user mount: one user's entries must not answer another's lookups).
+        self._follows_catalog = config.kernel and identities is None
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -254,6 +263,7 @@ class RucioFs(pyfuse3.Operations):
     def attach(self, writeback: WriteBack) -> None:
         """Have ``writeback`` tell this mount when its uploads land and when it is busy."""
         writeback.on_uploaded = functools.partial(self._uploaded, writeback)
+        writeback.on_dropped = self._dropped
         writeback.queue.quiet_for = self._quiet_for
 
     def writebacks(self) -> list[WriteBack]:
@@ -291,8 +301,10 @@ class RucioFs(pyfuse3.Operations):
         except KeyError:
             raise pyfuse3.FUSEError(errno.ESTALE) from None
 
-    def _attrs(self, inode: Inode) -> pyfuse3.EntryAttributes:
-        """The reply attributes of ``inode``, built once per entry it has had."""
+    def _attrs(self, inode: Inode, until: float | None = None) -> pyfuse3.EntryAttributes:
+        """The reply attributes of ``inode``, built once per entry it has had, with the
+        kernel's timeouts (see :meth:`_time_out`; ``until``: when the catalog stops
+        answering it from its caches, where the caller knows)."""
         attrs = inode.attrs
         if attrs is None:
             entry = inode.entry
@@ -321,7 +333,20 @@ class RucioFs(pyfuse3.Operations):
             attrs.st_blocks = (entry.size + 511) // 512
             attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = entry.mtime_ns
             inode.attrs = attrs
+        if self._follows_catalog and not inode.entry.immutable:
+            self._time_out(attrs, self.catalog.kept_until(inode.path) if until is None
+                           else until)
         return attrs
+
+    def _time_out(self, attrs: pyfuse3.EntryAttributes, until: float) -> None:
+        """The kernel keeps a name and its attributes for ``--kernel-ttl``, or for as long
+        as the catalog would answer them from its caches (until ``until``) if longer: a
+        lookup it sends meanwhile would be answered with the same entry, so other clients'
+        changes show no later than they do without the kernel's cache. Whatever makes the
+        catalog forget an entry sooner (a dropped change, ``cache drop``) makes the kernel
+        forget it too."""
+        attrs.entry_timeout = attrs.attr_timeout = max(self._entry_ttl,
+                                                       until - time.monotonic())
 
     def _shown_mode(self, perm: int, everyone: int) -> int:
         """The permission bits the kernel checks (``default_permissions``): no write bits
@@ -479,6 +504,9 @@ class RucioFs(pyfuse3.Operations):
                 raise listing.error
         entries, names, children = listing.entries, listing.names, parent.children
         lookup, attrs_of, reply = self.inodes.lookup, self._attrs, pyfuse3.readdir_reply
+        follows, time_out = self._follows_catalog, self._time_out
+        # Entries the listing holds with their stored attributes are answered from it.
+        listed_until = self.catalog.listing.expires(parent.path) if follows else 0.0
         writes = self.writes
         dirty_files = writes.files if writes is not None else {}
         for index in range(start_id, len(entries)):
@@ -497,9 +525,11 @@ class RucioFs(pyfuse3.Operations):
                 child.lookups += 1
                 child.fetched_at = now
                 attrs = child.attrs
+                if follows and not entry.immutable:
+                    time_out(attrs, listed_until if entry.complete else 0.0)
             else:
                 child = lookup(parent, entry.name, entry, now)
-                attrs = attrs_of(child)
+                attrs = attrs_of(child, listed_until if entry.complete else 0.0)
             if not reply(token, names[index], attrs, index + 1):
                 self.inodes.forget(child.ino, 1)  # the kernel did not take this one
                 break
@@ -799,6 +829,16 @@ class RucioFs(pyfuse3.Operations):
         node = self.inodes.find(path)
         if node is not None and writes.files.get(path) is None:
             self._changed(node, entry)
+
+    def _dropped(self, path: str) -> None:
+        """A queued change of ``path`` was given up: the catalog asks the server again, and
+        so must the kernel, which may have been told to keep the name for longer."""
+        node = self.inodes.find(path)
+        if node is None or self.nursery is None or not self.config.kernel:
+            return
+        start_guarded(self.nursery, self.stats.events, f"forgetting {path}",
+                      trio.to_thread.run_sync, _forget_in_kernel, node.parent, node.name,
+                      node.ino)
 
     async def _settled(self, *paths: str) -> None:
         """Before a change that goes to the server at once: with async write-back, what is

@@ -678,6 +678,8 @@ class WriteBack:
         #: Told (path, entry) when a queued upload has left nothing pending: the FUSE layer
         #: updates what the kernel was shown.
         self.on_uploaded: Callable[[str, Entry], None] = lambda _path, _entry: None
+        #: Called with the path of a queued change that was given up (set by the FUSE layer).
+        self.on_dropped: Callable[[str], None] = lambda _path: None
         self.queue = WriteQueue(self, parallelism, catalog.remove_batch_max)
 
     def serve(self, catalog: Catalog) -> None:
@@ -982,6 +984,7 @@ class WriteBack:
         if dropped is not None:  # the server keeps what it has: ask it again
             self.catalog.forget_tree(op.path)
             self.catalog.forget_listing(parent or "/")
+            self.on_dropped(op.path)
 
     # -- namespace changes (async write-back) ----------------------------------------------
 

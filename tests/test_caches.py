@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import uuid
 
 from conftest import run_cli, wait_for
 
@@ -187,3 +188,31 @@ def test_equal_entries_of_two_users_listings_become_one_object_and_only_equal_on
     equal("/x", entry(name="x"))
     equal("/y", entry(name="y"))
     assert len(equal._entries) == 2  # bounded
+
+
+def test_the_kernel_keeps_a_name_as_long_as_the_mount_would_answer_it_alike(mount_fs):
+    """A name the mount's caches would answer without asking the server is kept by the
+    kernel that long, not only for ``--kernel-ttl``: `rsync` and `make` stat it again for
+    nothing. Once those caches expire, or are dropped, the kernel asks again (another
+    client's change shows no later than it would without the kernel's cache)."""
+    m = mount_fs(f"memory://kernel-keeps-{uuid.uuid4().hex[:6]}", "--kernel-ttl", "0.2",
+                 "--metadata-ttl", "3", "--listing-ttl", "3")
+    names = [m.path / f"f{i}" for i in range(20)]
+    for path in names:
+        path.write_bytes(b"x")
+    for path in names:
+        path.stat()
+    time.sleep(0.5)  # past --kernel-ttl
+    asked = m.fuse_calls("lookup") + m.fuse_calls("getattr")
+    for path in names:
+        path.stat()
+    assert m.fuse_calls("lookup") + m.fuse_calls("getattr") == asked
+    m.drop("metadata")  # dropping what the mount would answer drops the kernel's copy too
+    for path in names:
+        path.stat()
+    dropped = m.fuse_calls("lookup") + m.fuse_calls("getattr")
+    assert dropped >= asked + len(names)
+    time.sleep(3.5)  # past the metadata and listing TTLs
+    for path in names:
+        path.stat()
+    assert m.fuse_calls("lookup") + m.fuse_calls("getattr") >= dropped + len(names)

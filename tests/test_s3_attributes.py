@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -23,6 +24,7 @@ from rucio_fs.backends.s3.pages import result
 
 from rucio_fs import errors
 from rucio_fs.backend import Attributes, Backend, Entry, Kind
+from rucio_fs.registry import open_backend
 from rucio_fs.testing.conformance import run_with
 
 T = TypeVar("T")
@@ -621,3 +623,80 @@ def test_a_listed_name_is_completed_by_one_head(url, prefix, client):
     assert requests == 2
     assert (shown["d"].is_dir, shown["d"].mode) == (True, 0o750)
     assert (shown["f"].mode, shown["f"].mtime_ns) == (0o600, 1_500_000_000 * 10**9)
+
+
+# -- attributes kept in --cache-dir for the next mount ----------------------------------------
+
+
+def kept_run(url: str, state: Path, work: Callable[[Backend], Awaitable[T]]) -> T:
+    """``work`` on a fresh backend that keeps its state in ``state`` (``--cache-dir``): it
+    starts from what the last one kept there, and keeps what it learned when it closes."""
+
+    async def main() -> T:
+        backend = open_backend(url)
+        backend.keep_state_in(state)
+        await backend.start()
+        try:
+            return await work(backend)
+        finally:
+            await backend.aclose()
+
+    return trio.run(main)
+
+
+def requests(backend: Backend) -> int:
+    return backend.counters()["api_requests"]
+
+
+async def learn_a_file_and_a_directory(backend: Backend) -> None:
+    await backend.put("/f", b"data", Attributes(mtime_ns=PAST_NS, mode=0o600))
+    await backend.mkdir("/d", Attributes(mtime_ns=PAST_NS, mode=0o750))
+    await backend.put("/d/g", b"g", Attributes(mtime_ns=PAST_NS, mode=0o640))
+    await backend.stat("/f")
+    await backend.stat("/d")  # Last-Modified of both learned, as a walk does
+    await listed(backend, "/d")
+
+
+def test_a_later_mount_shows_kept_attributes_of_unchanged_objects_without_a_head(
+        url, tmp_path):
+    """`rsync -a` again into a tree copied before, on a new mount with the same
+    ``--cache-dir``: the listing shows what the files store, with no HEAD per file (a
+    directory still gets the HEAD of its marker)."""
+    state = tmp_path / "state"
+    kept_run(url, state, learn_a_file_and_a_directory)
+
+    async def again(backend: Backend) -> tuple[Entry, Entry, Entry, int]:
+        before = requests(backend)
+        root = await listed(backend)
+        directory = await backend.complete("/d", root["d"])
+        inside = await listed(backend, "/d")
+        return root["f"], directory, inside["g"], requests(backend) - before
+
+    f, d, g, sent = kept_run(url, state, again)
+    assert f.complete and (f.mtime_ns, f.mode) == (PAST_NS, 0o600)
+    assert (d.mtime_ns, d.mode) == (PAST_NS, 0o750)
+    assert g.complete and (g.mtime_ns, g.mode) == (PAST_NS, 0o640)
+    assert sent == 3  # the root's listing, d's marker's HEAD, d's listing
+
+
+def test_kept_attributes_of_objects_changed_since_are_not_shown(url, prefix, client,
+                                                                 tmp_path):
+    """Another client rewrote the file and the marker between two mounts: the next mount
+    shows what they store now, never what was kept."""
+    state = tmp_path / "state"
+    kept_run(url, state, learn_a_file_and_a_directory)
+    time.sleep(1.1)  # another Last-Modified second
+    theirs = {"mtime": "1600000000", "mode": str(stat.S_IFREG | 0o644)}
+    client.put_object(Bucket="test", Key=f"{prefix}/f", Body=b"data", Metadata=theirs)
+    client.put_object(Bucket="test", Key=f"{prefix}/d/", Body=b"",
+                      Metadata={"mtime": "1600000000", "mode": str(stat.S_IFDIR | 0o700)})
+
+    async def again(backend: Backend) -> tuple[Entry, Entry]:
+        root = await listed(backend)
+        assert not root["f"].complete  # its HEAD is needed
+        return (await backend.complete("/f", root["f"]),
+                await backend.complete("/d", root["d"]))
+
+    f, d = kept_run(url, state, again)
+    assert (f.mtime_ns, f.mode) == (1_600_000_000 * 10**9, 0o644)
+    assert (d.mtime_ns, d.mode) == (1_600_000_000 * 10**9, 0o700)

@@ -11,11 +11,7 @@ foreign snapshot costs at most a missed guess.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
-import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -23,8 +19,7 @@ from typing import Any
 import trio
 
 from rucio_fs.backend import SharedValues
-
-log = logging.getLogger(__name__)
+from rucio_fs.kept_file import KeptFile
 
 #: How long a snapshot is used (seconds): as long as a fetched RSE description.
 KEPT_TTL = 3600.0
@@ -60,15 +55,7 @@ class KeptLayouts:
             await self.shared.put(KIND, {self.identity: snapshot}, KEPT_TTL)
 
     def _read_file(self) -> dict[str, Any] | None:
-        if self.file is None:
-            return None
-        try:
-            snapshot = json.loads(self.file.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError) as exc:
-            log.info("%s: not read (%s)", self.file, exc)
-            return None
+        snapshot = KeptFile(self.file).read() if self.file is not None else None
         return snapshot if isinstance(snapshot, dict) and snapshot.get(
             "identity") == self.identity else None
 
@@ -80,15 +67,7 @@ class KeptLayouts:
 
     def _write_file(self, snapshot: dict[str, Any]) -> None:
         assert self.file is not None
-        temporary = self.file.with_suffix(f".{os.getpid()}.tmp")
-        try:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(json.dumps(snapshot))
-            temporary.replace(self.file)
-        except OSError as exc:
-            log.info("%s: not written (%s)", self.file, exc)
-            with contextlib.suppress(OSError):
-                temporary.unlink()
+        KeptFile(self.file).write(snapshot)
 
 
 def _fresh(snapshot: dict[str, Any] | None) -> bool:

@@ -65,6 +65,7 @@ Errors: 403 is EACCES, a spent quota (MinIO's ``XMinioAdminBucketQuotaExceeded``
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import stat
@@ -74,6 +75,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import parsedate_to_datetime
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote, urlsplit
@@ -109,6 +111,7 @@ from rucio_fs.errors import (
 )
 from rucio_fs.http import ApiClient, RangeReader, client_counters, quote_path, tls_context
 from rucio_fs.identity import CallerCredentials, caller_source
+from rucio_fs.kept_file import KeptFile
 from rucio_fs.tasks import open_nursery
 
 from .metadata import (
@@ -274,6 +277,10 @@ class S3Backend(Backend):
         #: the answer): what the next metadata copy of it keeps, if its ETag still matches
         #: (`rsync` uploads, sets the time, then renames: one HEAD for the three).
         self._heads: LRUCache[str, dict[str, str]] = LRUCache(HEADS_KEPT)
+        #: Where the memo is kept for the next mounts (``--cache-dir``), else None.
+        self._kept_dir: Path | None = None
+        self._kept_memo: KeptFile | None = None
+        self._memo_identity = ""
 
     @classmethod
     def from_url(cls, url: str) -> S3Backend:
@@ -338,6 +345,29 @@ class S3Backend(Backend):
             raise PermissionDenied(f"access to bucket {settings.bucket} denied: {exc}") from None
         # The first read then pays no TCP/TLS handshake and no worker-thread start.
         await self.reader.connect(self._base + "/")
+        if self._kept_dir is not None and self.memo.enabled:
+            await trio.to_thread.run_sync(self._restore_memo)
+
+    def keep_state_in(self, directory: Path) -> None:
+        """The attribute memo is kept there at unmount, and the next mount of the bucket
+        with the same credentials starts from it: a listing then shows the stored times and
+        modes of the files it had learned (if each is unchanged: same ETag and
+        Last-Modified) without a HEAD apiece (``rsync -a`` into a tree copied before).
+        Directories still get the HEAD of their marker."""
+        self._kept_dir = directory
+
+    def _restore_memo(self) -> None:
+        assert self._kept_dir is not None
+        credentials = getattr(self._credentials, "access_key", None) or "anonymous"
+        identity = hashlib.sha256(f"{self.settings.endpoint_url} {self.settings.bucket} "
+                                  f"{credentials}".encode()).hexdigest()
+        self._kept_memo = KeptFile(self._kept_dir / f"attributes-{identity[:16]}.json")
+        kept = self._kept_memo.read()
+        if isinstance(kept, dict) and kept.get("identity") == identity:
+            taken = self.memo.restore(kept.get("records") or [])
+            log.info("%s: attributes of %d objects kept from an earlier mount",
+                     self.settings.bucket, taken)
+        self._memo_identity = identity
 
     def _find_credentials(self) -> Any:
         import botocore.session
@@ -354,6 +384,9 @@ class S3Backend(Backend):
         return credentials
 
     async def aclose(self) -> None:
+        if self._kept_memo is not None and self.memo.enabled:
+            value = {"identity": self._memo_identity, "records": self.memo.records()}
+            await trio.to_thread.run_sync(self._kept_memo.write, value)
         if self.api is not None:
             await self.api.aclose()
         if self.reader is not None:

@@ -255,3 +255,43 @@ class AttributeMemo:
     def clear(self) -> None:
         with self._lock:
             self._keys.clear()
+
+    def records(self) -> list[list]:
+        """What a later mount may start from (:meth:`restore`), least recently used first:
+        the objects whose Last-Modified is known, as JSON values. Directory markers are left
+        out: a listing of their parent does not show them, and a server that keeps a
+        marker's Last-Modified through a change of its metadata (versitygw) would make a
+        check of them by their own listing wrong."""
+        with self._lock:
+            return [[key, r.etag, r.modified_s, r.stored.kind.value, r.stored.mtime_ns,
+                     r.stored.mode, r.stored.uid, r.stored.gid]
+                    for key, r in self._keys.items()
+                    if r.modified_s is not None and not key.endswith("/")]
+
+    def restore(self, records: list) -> int:
+        """Remember what :meth:`records` gave (an earlier mount's): each is used only for
+        an object a listing shows with the same ETag and Last-Modified. Returns how many
+        were taken; malformed records are skipped."""
+        taken = 0
+        with self._lock:
+            for record in records:
+                try:
+                    key, etag, modified_s, kind, mtime_ns, mode, uid, gid = record
+                    stored = StoredAttributes(Kind(kind), *(_int_or_none(v) for v in (
+                        mtime_ns, mode, uid, gid)))
+                    if not (isinstance(key, str) and isinstance(etag, str) and etag
+                            and isinstance(modified_s, int) and not key.endswith("/")):
+                        continue
+                except (TypeError, ValueError):
+                    continue
+                self._keys[key] = _Remembered(etag, modified_s, stored)
+                taken += 1
+        return taken
+
+
+def _int_or_none(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"not an int: {value!r}")
