@@ -83,6 +83,11 @@ class MountRequest:
     identity_map: str | None = None
 
 
+def _daemon_gone(mountpoint: str) -> InvalidInput:
+    return InvalidInput(f"{mountpoint} is a mount whose daemon is gone: run "
+                        f"`rucio-fs unmount {mountpoint}` first")
+
+
 def check_mountpoint(mountpoint: str) -> str:
     """The absolute mountpoint, or InvalidInput naming what is wrong with it."""
     path = os.path.abspath(mountpoint)
@@ -92,13 +97,17 @@ def check_mountpoint(mountpoint: str) -> str:
         raise InvalidInput(f"mountpoint {mountpoint} does not exist") from None
     except OSError as exc:
         if exc.errno == errno.ENOTCONN and find_mount(path) is not None:
-            raise InvalidInput(f"{mountpoint} is a mount whose daemon is gone: run "
-                               f"`rucio-fs unmount {mountpoint}` first") from None
+            raise _daemon_gone(mountpoint) from None
         raise InvalidInput(f"mountpoint {mountpoint}: {exc.strerror}") from None
     if not os.path.isdir(path):
         raise InvalidInput(f"mountpoint {mountpoint} is not a directory")
     mount = find_mount(path)
     if mount is not None:
+        try:  # (the kernel may answer a stat from its cache; statfs always asks the daemon)
+            os.statvfs(path)
+        except OSError as exc:
+            if exc.errno == errno.ENOTCONN:
+                raise _daemon_gone(mountpoint) from None
         raise InvalidInput(f"{mountpoint} is already a mountpoint ({mount.fstype})")
     if os.listdir(path):
         raise InvalidInput(f"mountpoint {mountpoint} is not empty")
