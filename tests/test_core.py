@@ -309,6 +309,52 @@ def test_a_walk_lists_each_directory_once_and_completes_the_listed_names():
     trio.run(main)
 
 
+class Tree(CallLog):
+    """``/a0`` … ``/a3``, each holding directories ``b0`` … ``b3``, each holding files ``f0`` …
+    ``f2``; logs each call with its path."""
+
+    NAMES = ([f"a{i}" for i in range(4)], [f"b{i}" for i in range(4)], [f"f{i}" for i in range(3)])
+
+    def __init__(self) -> None:
+        super().__init__([])
+
+    async def stat(self, path: str) -> Entry:
+        self.calls.append(f"stat {path}")
+        parts = path.strip("/").split("/") if path != "/" else []
+        if len(parts) > 3 or any(p not in self.NAMES[d] for d, p in enumerate(parts)):
+            raise NotFound(path)
+        return Entry(name=path.rpartition("/")[2],
+                     kind=Kind.FILE if len(parts) == 3 else Kind.DIR, size=1)
+
+    async def list(self, path: str) -> AsyncIterator[Entry]:
+        self.calls.append(f"list {path}")
+        depth = 0 if path == "/" else path.count("/")
+        for name in self.NAMES[depth]:
+            yield Entry(name=name, kind=Kind.FILE if depth == 2 else Kind.DIR, size=1)
+
+
+def test_below_a_directory_listed_for_a_walk_each_directory_is_listed_at_its_first_lookup():
+    """`rsync` into a tree that exists (a walk) stats path after path: once a directory was
+    listed for the walk, the first lookup in each directory below it lists that directory,
+    instead of a stat of the name and a listing at the second: one request per directory."""
+    backend = Tree()
+    catalog = catalog_of(backend, makes_names=True)
+    paths = [f"/a{i}" + rest for i in range(4) for rest in
+             ["", *[f"/b{j}" + leaf for j in range(4) for leaf in
+                    ["", *[f"/f{k}" for k in range(3)]]]]]
+
+    async def main() -> None:
+        for path in paths:
+            await catalog.stat(path)
+
+    trio.run(main)
+    # The first path costs a stat per level before any walk shows; then a listing each.
+    assert backend.calls[:3] == ["stat /a0", "stat /a0/b0", "stat /a0/b0/f0"]
+    directories = ["/", *[f"/a{i}" + b for i in range(4)
+                          for b in ["", *[f"/b{j}" for j in range(4)]]]]
+    assert sorted(backend.calls[3:]) == sorted(f"list {d}" for d in directories)
+
+
 @pytest.mark.parametrize("case", ["listing layer off", "listing breaks", "too many entries",
                                   "read-only mount"])
 def test_lookups_stat_each_name_when_the_listing_cannot_answer(case):
