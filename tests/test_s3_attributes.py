@@ -5,6 +5,7 @@ is stored is what s3fs-fuse and rclone write."""
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import stat
 import threading
@@ -700,3 +701,26 @@ def test_kept_attributes_of_objects_changed_since_are_not_shown(url, prefix, cli
     f, d = kept_run(url, state, again)
     assert (f.mtime_ns, f.mode) == (1_600_000_000 * 10**9, 0o644)
     assert (d.mtime_ns, d.mode) == (1_600_000_000 * 10**9, 0o700)
+
+
+def test_damaged_kept_attributes_cost_a_head_and_nothing_else(url, tmp_path):
+    """Kept records that do not parse, or a kept file cut short, are no error: the objects
+    are shown as their listing says, and a HEAD tells what they store."""
+    state = tmp_path / "state"
+    kept_run(url, state, learn_a_file_and_a_directory)
+    (kept,) = state.glob("attributes-*.json")
+    value = json.loads(kept.read_text())
+    value["records"] = [["junk"], 7, *[[*r[:3], "no such kind", *r[4:]]
+                                       for r in value["records"]]]
+    kept.write_text(json.dumps(value))
+
+    async def shown(backend: Backend) -> tuple[Entry, Entry]:
+        listed_f = (await listed(backend))["f"]
+        return listed_f, await backend.complete("/f", listed_f)
+
+    for damage in ("records", "file"):
+        if damage == "file":
+            kept.write_text(kept.read_text()[:20])
+        as_listed, completed = kept_run(url, state, shown)
+        assert not as_listed.complete
+        assert (completed.mtime_ns, completed.mode) == (PAST_NS, 0o600)
