@@ -41,7 +41,7 @@ import time
 import urllib.request
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -525,14 +525,8 @@ class _Exchanges:
         server ``key`` (scheme, host, port); (status, headers, whole body). Failures raise
         the httpx transport error they are (so retries treat both paths alike)."""
         conn, response = self._send(key, method, target, headers, body, timeout)
-        try:
+        with _closed_on_failure(conn):
             content = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            raise _transport_error(exc) from None
-        except BaseException:
-            conn.close()
-            raise
         self._done(key, conn, response, timeout)
         return response.status, response.getheaders(), content
 
@@ -585,23 +579,18 @@ class _Exchanges:
                 conn.timeout = timeout
                 if conn.sock is not None:
                     conn.sock.settimeout(timeout)
-            try:
-                conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
-                for name, value in headers.items():
-                    conn.putheader(name, value)
-                conn.endheaders(body or None)
-                return conn, conn.getresponse()
-            except (http.client.RemoteDisconnected, BrokenPipeError) as exc:
-                conn.close()
-                if reused and attempt == 0:
-                    continue  # the server had let go of an idle connection: nothing was done
-                raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__) from None
-            except (OSError, http.client.HTTPException) as exc:
-                conn.close()
-                raise _transport_error(exc) from None
-            except BaseException:
-                conn.close()
-                raise
+            with _closed_on_failure(conn):
+                try:
+                    conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+                    for name, value in headers.items():
+                        conn.putheader(name, value)
+                    conn.endheaders(body or None)
+                    return conn, conn.getresponse()
+                except (http.client.RemoteDisconnected, BrokenPipeError) as exc:
+                    conn.close()
+                    if reused and attempt == 0:
+                        continue  # the server had let go of an idle connection: nothing done
+                    raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__) from None
         raise AssertionError("unreachable")
 
     def _done(self, key: tuple[str, str, int], conn: http.client.HTTPConnection,
@@ -679,6 +668,20 @@ class _Stream:
     def close(self) -> None:
         """Stop reading (the connection is closed unless the answer was read through)."""
         self._stop.set()
+
+
+@contextlib.contextmanager
+def _closed_on_failure(conn: http.client.HTTPConnection) -> Iterator[None]:
+    """Whatever fails in the block closes ``conn`` (it is in an unknown state); a socket or
+    protocol failure raises the httpx transport error it is."""
+    try:
+        yield
+    except (OSError, http.client.HTTPException) as exc:
+        conn.close()
+        raise _transport_error(exc) from None
+    except BaseException:
+        conn.close()
+        raise
 
 
 def _transport_error(exc: BaseException) -> httpx.TransportError:
