@@ -254,9 +254,10 @@ class Catalog:
         Rucio dataset must not wait for its listing.) A directory of more than
         :data:`LOOKUP_LISTING_MAX` entries is not listed for it (nor tried again while
         remembered). A listed name whose listing could not carry its stored attributes is
-        completed by :meth:`Backend.complete`. In a directory made here whose creation was
-        never sent (async write-back), a name the overlay does not have does not exist:
-        nothing is asked."""
+        completed by :meth:`Backend.complete`; during a walk, a directory completed so is
+        listed at the same time (see :meth:`_list_ahead`). In a directory made here whose
+        creation was never sent (async write-back), a name the overlay does not have does
+        not exist: nothing is asked."""
         entry = self.overlay.entry(path)
         listed: Entry | None = None
         if entry is None:
@@ -285,6 +286,8 @@ class Catalog:
                 entry = shared or _MISSING
                 self.metadata.put(path, entry)
         if entry is None:
+            if listed is not None and listed.is_dir:
+                self._list_ahead(path)
             try:
                 entry = await self.calls.shared(
                     "stat", path, lambda: self.backend.stat(path) if listed is None
@@ -375,11 +378,36 @@ class Catalog:
         self._looked_up_in[parent] = name
         return False
 
+    def _list_ahead(self, directory: str) -> None:
+        """Where a walk goes on (the parent of ``directory`` was listed for one), start
+        listing ``directory`` for its own lookups while its attributes are asked: `rsync`
+        and `find` look up its names next, and the two requests overlap."""
+        if directory == "/":
+            return
+        parent = split_path(directory)[0]
+        if (self.nursery is None or not self.config.coalescing
+                or self._looked_up_in.get(parent) is not _WALKED
+                or self.listing.peek(directory) is not None
+                or self._unlistable.get(directory)
+                or not self.backend.lists_everything(directory)
+                or self.calls.flight.in_flight(("walk listing", directory))):
+            return
+        self._looked_up_in[directory] = _WALKED
+        start_guarded(self.nursery, self.stats.events, f"listing {directory} ahead",
+                      self._small_listing, directory)
+
     async def _small_listing(self, path: str) -> Listing | None:
         """The complete listing of directory ``path`` if it has at most
         :data:`LOOKUP_LISTING_MAX` entries (then cached like any listing). Else (more, or the
         listing failed) None: the caller asks ``stat``, and ``path`` is not listed for
-        lookups again while remembered."""
+        lookups again while remembered. Callers meanwhile share one listing."""
+        try:
+            return await self.calls.flight.run(("walk listing", path),
+                                               lambda: self._fetch_small_listing(path))
+        except RucioFsError:  # the sharing caller was cancelled
+            return None
+
+    async def _fetch_small_listing(self, path: str) -> Listing | None:
         entries: list[Entry] = []
 
         async def fetch() -> bool:

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 import trio
 from model_kernel import ScriptedBackend, ScriptedFile
+from trio.testing import MockClock
 
 from rucio_fs.backend import Entry, Kind
 from rucio_fs.catalog import LOOKUP_LISTING_MAX, Catalog
@@ -353,6 +354,62 @@ def test_below_a_directory_listed_for_a_walk_each_directory_is_listed_at_its_fir
     directories = ["/", *[f"/a{i}" + b for i in range(4)
                           for b in ["", *[f"/b{j}" for j in range(4)]]]]
     assert sorted(backend.calls[3:]) == sorted(f"list {d}" for d in directories)
+
+
+class MarkedTree(Tree):
+    """:class:`Tree` whose listings, like S3's, cannot carry a directory's stored attributes
+    (its marker's): a listed directory is completed with one request. Completing a
+    directory waits (up to a minute) until its own listing has begun."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listing_began: dict[str, trio.Event] = {}
+
+    def began(self, path: str) -> trio.Event:
+        return self.listing_began.setdefault(path, trio.Event())
+
+    async def list(self, path: str) -> AsyncIterator[Entry]:
+        self.began(path).set()
+        async for entry in super().list(path):
+            yield replace(entry, complete=not entry.is_dir)
+
+    async def complete(self, path: str, listed: Entry) -> Entry:
+        self.calls.append(f"complete {path}")
+        with trio.move_on_after(60):
+            await self.began(path).wait()
+        self.calls.append(f"completed {path}")
+        return replace(listed, complete=True)
+
+
+def test_a_walk_lists_a_directory_while_its_attributes_are_asked():
+    """`rsync` into a tree that exists looks up a directory (its attributes: the marker's
+    HEAD on S3), then the names in it (its listing): during a walk the two requests are out
+    at once, each directory still listed and completed once."""
+    backend = MarkedTree()
+    catalog = catalog_of(backend, makes_names=True)
+    paths = [f"/a{i}" + rest for i in range(4) for rest in
+             ["", *[f"/b{j}" + leaf for j in range(4) for leaf in
+                    ["", *[f"/f{k}" for k in range(3)]]]]]
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            catalog.nursery = nursery
+            await catalog.stat("/a0/b0/f0")  # a path resolved: no walk yet
+            for path in paths:
+                await catalog.stat(path)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    calls = backend.calls
+    walked = [f"/a{i}" for i in range(1, 4)] + [
+        f"/a{i}/b{j}" for i in range(4) for j in range(4) if (i, j) != (0, 0)]
+    for directory in walked:
+        # Its listing began while its completion waited (not a minute later, after it).
+        assert calls.index(f"list {directory}") < calls.index(f"completed {directory}")
+    listed = [c for c in calls if c.startswith("list ")]
+    completed = [c for c in calls if c.startswith("complete ")]
+    assert len(listed) == len(set(listed)) == 1 + 4 + 16
+    assert len(completed) == len(set(completed)) == len(walked)
 
 
 @pytest.mark.parametrize("case", ["listing layer off", "listing breaks", "too many entries",
