@@ -284,6 +284,13 @@ class Backend(ABC):
     def from_url(cls, url: str) -> Backend:
         """Build a backend from its mount URL; raise InvalidInput with a one-line reason."""
 
+    @classmethod
+    def capabilities_for(cls, url: str) -> Capability:
+        """What a mount of ``url`` can do, known before any backend is built (a per-user
+        mount decides from it whether it is writable): ``capabilities`` unless the URL
+        changes them. A built backend's ``capabilities`` must say the same."""
+        return cls.capabilities
+
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Open connections, authenticate. Called once inside the daemon's event loop."""
 
@@ -402,6 +409,18 @@ class Backend(ABC):
     #: until the commit, and an aborted upload leaves one (the core keeps the staged copy and
     #: uploads it again).
     atomic_uploads: ClassVar[bool] = True
+
+    #: Whether a file's content can be stored only once (Rucio: a file is immutable). The
+    #: core then stores a new file at the first close that leaves it with content, and an
+    #: empty one at its last close (`echo x > f` closes a duplicate of the new, still empty
+    #: file before writing); storing other content later fails (AlreadyExists).
+    write_once: ClassVar[bool] = False
+
+    def check_new(self, path: str, kind: Kind, parent: Entry) -> None:  # noqa: B027
+        """Raise the error that making ``kind`` at ``path`` in directory ``parent`` (its
+        entry) would meet, before anything is staged or queued: for a catalog that keeps
+        files only in some kinds of directory or refuses some names. Asks the server
+        nothing. By default nothing is refused."""
 
     async def put(self, path: str, data: bytes, attributes: Attributes = NO_ATTRIBUTES
                   ) -> Entry:

@@ -569,6 +569,16 @@ class Catalog:
     def scheme(self) -> str:
         return self.backend.scheme
 
+    @property
+    def write_once(self) -> bool:
+        """Whether a file's content is stored only once (:attr:`Backend.write_once`)."""
+        return self.backend.write_once
+
+    def check_new(self, path: str, kind: Kind, parent: Entry) -> None:
+        """Raise what making ``kind`` at ``path`` in ``parent`` would meet on the server
+        (:meth:`Backend.check_new`), before anything is staged or queued."""
+        self.backend.check_new(path, kind, parent)
+
     def can(self, capability: Capability) -> bool:
         """Whether the backend declared ``capability`` (never probed)."""
         return bool(self.backend.capabilities & capability)

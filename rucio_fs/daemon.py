@@ -357,7 +357,7 @@ async def _serve(req: MountRequest, backend: Backend | None,
         identities = _per_user(req, stats, holder)
         root = Entry(name="", kind=Kind.DIR, mtime_ns=time.time_ns())
         cls = backend_class(req.url)
-        writable = bool(cls.capabilities & Capability.WRITE)
+        writable = bool(cls.capabilities_for(req.url) & Capability.WRITE)
         ops = RucioFs(None, root, req.cache, stats,  # type: ignore[arg-type]
                       xattrs=req.xattrs, identities=identities, writable=writable)
         holder.append(ops)

@@ -746,6 +746,7 @@ class RucioFs(pyfuse3.Operations):
         writes = self._writeback()
         if not stat.S_ISREG(mode):
             raise NotSupported("only regular files can be created here")
+        self.catalog.check_new(path, Kind.FILE, parent.entry)
         try:
             existing: Entry | None = await self._entry_of(path)
         except NotFound:
@@ -933,6 +934,7 @@ class RucioFs(pyfuse3.Operations):
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
         parent, text, path = self._child(parent_inode, name)
         self._need(Capability.MKDIR, "create directories")
+        self.catalog.check_new(path, Kind.DIR, parent.entry)
         writes = self._writeback()
         if writes.asynchronous:
             await self._refuse_existing(path)
@@ -949,6 +951,7 @@ class RucioFs(pyfuse3.Operations):
     async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
         parent, text, path = self._child(parent_inode, name)
         self._need(Capability.SYMLINK, "make symbolic links")
+        self.catalog.check_new(path, Kind.SYMLINK, parent.entry)
         await self._refuse_existing(path)
         writes = self.writes
         if writes is not None and writes.asynchronous:
@@ -1030,6 +1033,7 @@ class RucioFs(pyfuse3.Operations):
         if new.startswith(old + "/"):
             raise pyfuse3.FUSEError(errno.EINVAL)
         entry = await self._entry_of(old)
+        self.catalog.check_new(new, entry.kind, new_parent.entry)
         try:
             target: Entry | None = await self._entry_of(new)
         except NotFound:

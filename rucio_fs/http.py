@@ -50,6 +50,7 @@ import httpx
 import trio
 
 from .errors import (
+    AlreadyExists,
     BadRequestTarget,
     NotFound,
     PermissionDenied,
@@ -141,6 +142,8 @@ def status_error(status: int, what: str, detail: str = "") -> RucioFsError:
         return Unauthorized(message)
     if status == 403:
         return PermissionDenied(message)
+    if status == 409:
+        return AlreadyExists(message)
     if status == 412:
         return Unavailable(f"{message} (it changed on the server since it was listed)")
     return Unavailable(message)
@@ -715,6 +718,74 @@ def _closed_by_server(conn: http.client.HTTPConnection) -> bool:
     end of file), so that a request is not sent into it and failed for nothing."""
     sock = conn.sock
     return sock is None or bool(select.select([sock], [], [], 0)[0])
+
+
+class StreamedPut:
+    """One ``PUT`` of a body sent piece by piece as the caller has it (chunked transfer
+    encoding), over a connection of its own, each piece from a worker thread: for a storage
+    that takes a file only whole (WebDAV) while the file is still being written. Not
+    retried: a failure fails the upload, which the caller starts again whole.
+
+    ``send`` returns once the piece is handed to the socket; ``finish`` ends the body and
+    returns the answer's status (raising the transport error a failure is, as
+    :class:`Unavailable`); ``abort`` drops the connection (the server discards the body)."""
+
+    def __init__(self, url: str, *, context: ssl.SSLContext, timeout: float,
+                 headers: Mapping[str, str] | None = None) -> None:
+        _check_sendable(url)
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise Unavailable(f"cannot write {parts.scheme}:// URLs")
+        self.url = url
+        self.sent = 0
+        self._target = parts.path + (f"?{parts.query}" if parts.query else "")
+        self._headers = dict(headers or {})
+        host, port = parts.hostname or "", parts.port
+        self._conn: http.client.HTTPConnection = (
+            http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
+            if parts.scheme == "https" else http.client.HTTPConnection(host, port,
+                                                                     timeout=timeout))
+        self._started = False
+
+    async def send(self, data: bytes | bytearray | memoryview) -> None:
+        await trio.to_thread.run_sync(self.send_blocking, data, abandon_on_cancel=True)
+
+    async def finish(self) -> int:
+        return await trio.to_thread.run_sync(self._finish, abandon_on_cancel=True)
+
+    def abort(self) -> None:
+        self._conn.close()
+
+    def send_blocking(self, data: bytes | bytearray | memoryview) -> None:
+        """:meth:`send`, from a worker thread."""
+        try:
+            if not self._started:
+                self._conn.putrequest("PUT", self._target, skip_accept_encoding=True)
+                for name, value in self._headers.items():
+                    self._conn.putheader(name, value)
+                self._conn.putheader("Transfer-Encoding", "chunked")
+                self._conn.endheaders()
+                self._started = True
+            if len(data):
+                self._conn.send(b"%x\r\n" % len(data))
+                self._conn.send(data)
+                self._conn.send(b"\r\n")
+                self.sent += len(data)
+        except (OSError, http.client.HTTPException) as exc:
+            self._conn.close()
+            raise Unavailable(f"PUT {_redact(self.url)}: {_transport_error(exc)}") from None
+
+    def _finish(self) -> int:
+        self.send_blocking(b"")
+        try:
+            self._conn.send(b"0\r\n\r\n")
+            response = self._conn.getresponse()
+            response.read()
+            return response.status
+        except (OSError, http.client.HTTPException) as exc:
+            raise Unavailable(f"PUT {_redact(self.url)}: {_transport_error(exc)}") from None
+        finally:
+            self._conn.close()
 
 
 class RangeReader:

@@ -11,8 +11,9 @@ from urllib.parse import urlsplit
 
 from .errors import InvalidInput
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s|m|h)?\s*$")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|ms|s|m|h|d)?\s*$")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0,
+                   "d": 86400.0}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -43,7 +44,7 @@ def parse_duration(text: str) -> float:
     """``"20ms"`` → 0.02 seconds; a bare number is seconds. InvalidInput otherwise."""
     match = _DURATION.match(str(text))
     if not match:
-        raise InvalidInput(f"invalid duration {text!r} (examples: 0, 1.5, 20ms, 5m)")
+        raise InvalidInput(f"invalid duration {text!r} (examples: 0, 1.5, 20ms, 5m, 30d)")
     return float(match.group(1)) * _DURATION_UNITS[match.group(2) or "s"]
 
 

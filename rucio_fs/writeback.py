@@ -895,7 +895,11 @@ class WriteBack:
     async def close(self, dirty: DirtyFile) -> None:
         """A ``close`` (FUSE flush) of ``dirty``: upload it (sync), or make it durable and
         queue its upload (async; raises the error of a background upload of it that no close
-        has returned yet)."""
+        has returned yet). On a catalog that stores a file once (``write_once``), a new file
+        still empty waits for its last close: this may be a duplicate closed before the
+        writing."""
+        if dirty.base is None and dirty.size == 0 and self.catalog.write_once:
+            return
         if not self.asynchronous:
             await dirty.commit()
             return

@@ -26,7 +26,8 @@ test whose fault never fired tested the happy path under another name).
 
 The Host header is forwarded as the client sent it, so AWS SigV4 signatures stay valid.
 
-``drop`` also models a short body: the Content-Length promised more than arrives.
+``drop`` also models a short body: the Content-Length promised more than arrives. A chunked
+request body (a streamed upload) is read whole and forwarded with its length.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class FaultProxy:
             def do_GET(self) -> None:
                 proxy.forward(self)
 
-            do_POST = do_HEAD = do_PUT = do_DELETE = do_GET
+            do_POST = do_HEAD = do_PUT = do_DELETE = do_MOVE = do_GET
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -152,8 +153,11 @@ class FaultProxy:
             return fault.kind
 
     def forward(self, handler: BaseHTTPRequestHandler) -> None:
-        length = int(handler.headers.get("Content-Length") or 0)
-        body = handler.rfile.read(length) if length else None
+        if handler.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body: bytes | None = _chunked_body(handler)
+        else:
+            length = int(handler.headers.get("Content-Length") or 0)
+            body = handler.rfile.read(length) if length else None
         method, path, sent = handler.command, handler.path, body or b""
         said = "\n".join(f"{k.lower()}: {v}" for k, v in handler.headers.items())
         request = (method, path, sent, said)
@@ -186,8 +190,8 @@ class FaultProxy:
             status, reply_headers = response.status, response.getheaders()
         finally:
             upstream.close()
-        fault = (self._take_fault(*request) if before != "late" and (data or status == 200)
-                 else None)
+        fault = (self._take_fault(*request)
+                 if before != "late" and (data or 200 <= status < 300) else None)
         assert fault not in ("error", "slowdown", "fake-ok", "late")
         if fault == "lost-ok":
             _answer(handler, 500, {"Content-Type": "application/xml"},
@@ -223,6 +227,19 @@ class FaultProxy:
             handler.close_connection = True
             return
         handler.wfile.write(data)
+
+
+def _chunked_body(handler: BaseHTTPRequestHandler) -> bytes:
+    """A chunked request body, whole (it is forwarded with its length)."""
+    pieces = []
+    while True:
+        size = int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            while handler.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass  # trailers
+            return b"".join(pieces)
+        pieces.append(handler.rfile.read(size))
+        handler.rfile.readline()
 
 
 def _matches(match: str, path: str, body: bytes, headers: str) -> bool:

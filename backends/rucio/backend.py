@@ -22,6 +22,10 @@ are resolved on a file's first read, never while listing; concurrent first reads
 ``POST /replicas/list`` of up to 1,000 DIDs (the server's limit). Files are immutable in Rucio,
 so their attributes and data are cached for the long TTL; collections follow the listing TTL.
 
+Writing (``upload_rse=RSE``): files closed in a dataset are uploaded and registered as
+``rucio upload`` does, a directory made is a dataset; see :mod:`.upload`. Without it the
+mount is read-only.
+
 Reads are HTTP ranged GETs on the PFN chosen by the ``rses`` and ``schemes`` preferences
 (``davs``/``dav`` are read as ``https``/``http``; ``local=`` maps PFNs to a local mount of the
 RSE), falling over to the next replica when one fails or holds fewer bytes than the catalog
@@ -44,13 +48,25 @@ from urllib.parse import quote
 import trio
 from cachetools import TTLCache
 
-from rucio_fs.backend import Backend, Entry, Kind, SharedValues
+from rucio_fs.backend import (
+    NO_ATTRIBUTES,
+    Attributes,
+    Backend,
+    Capability,
+    Entry,
+    Kind,
+    SharedValues,
+    Upload,
+)
 from rucio_fs.errors import (
+    CrossDevice,
     IntegrityError,
     InvalidInput,
     MissingCredentials,
     NotADirectory,
     NotFound,
+    NotPermitted,
+    PermissionDenied,
     RucioFsError,
     Unavailable,
 )
@@ -63,16 +79,20 @@ from rucio_fs.http import (
     url_from_literal,
 )
 from rucio_fs.identity import CallerCredentials, caller_source
+from rucio_fs.options import url_option_values
 from rucio_fs.tasks import open_nursery
 
 from .auth import RucioAuth, default_token_file, describe
 from .settings import (
     CREDENTIAL_ENV,
     MAX_DIDS_PER_REQUEST,
+    OPTIONS,
     RucioSettings,
     load_settings,
 )
 from .speculation import LESSON_WAIT, Speculator, checksums_match
+from .upload import DidPath, Uploads
+from .upload import check_new as check_new_did
 
 __all__ = ["MAX_DIDS_PER_REQUEST", "Did", "ReplicaResolver", "RucioBackend"]
 
@@ -363,10 +383,17 @@ class _Handle:
     distrusted: str = ""
 
 
+#: What a mount with ``upload_rse`` can do.
+WRITABLE = Capability.WRITE | Capability.MKDIR | Capability.UNLINK | Capability.RENAME
+
+
 class RucioBackend(Backend):
     scheme: ClassVar[str] = "rucio"
     description: ClassVar[str] = ("Rucio data management: rucio://[account@][host[:port]]/"
                                   "[scope[/did]] (rucio.cfg via RUCIO_CONFIG)")
+    # A file goes to its storage as one streamed body: its parts in order, one at a time.
+    upload_parallelism: ClassVar[int] = 1
+    write_once: ClassVar[bool] = True
 
     def __init__(self, settings: RucioSettings) -> None:
         self.settings = settings
@@ -393,6 +420,20 @@ class RucioBackend(Backend):
         #: Replica lookups that missed the cache, per collection (sets the next batch).
         self._misses: TTLCache[Did, int] = TTLCache(10_000, REPLICA_TTL)
         self._caching = True
+        self.uploads: Uploads | None = None
+        if settings.upload_rse:
+            self.capabilities = WRITABLE
+            self.uploads = Uploads(self.api, settings, context, self.mtime_ns)
+
+    @classmethod
+    def capabilities_for(cls, url: str) -> Capability:
+        """Writable when the URL names an ``upload_rse``."""
+        query = url.partition("?")[2]
+        try:
+            named = url_option_values(query, OPTIONS, "rucio").get("upload_rse")
+        except InvalidInput:
+            return cls.capabilities  # building the backend says what is wrong
+        return WRITABLE if named and named[-1] else cls.capabilities
 
     credential_env: ClassVar[tuple[str, ...]] = CREDENTIAL_ENV
 
@@ -424,6 +465,8 @@ class RucioBackend(Backend):
                                    _readable_url(endpoint, self.settings)[0])
 
     async def aclose(self) -> None:
+        if self.uploads is not None:
+            await self.uploads.aclose()
         await self.api.aclose()
         self.reader.close()
         self.guess_reader.close()
@@ -836,6 +879,61 @@ class RucioBackend(Backend):
             if value is not None and value != "":
                 attrs[f"rucio.meta.{key}"] = str(value)
         return {key: value.encode() for key, value in attrs.items()}
+
+    # -- writing (see :mod:`.upload`) --------------------------------------------------------
+
+    def _writer(self) -> Uploads:
+        if self.uploads is None:
+            raise NotPermitted("this Rucio mount is read-only (mount with upload_rse=RSE to "
+                               "write)")
+        return self.uploads
+
+    def _target(self, path: str) -> DidPath:
+        """The DID ``path`` names and the collection it is in (None: its scope's top)."""
+        components = self._components(path)
+        if len(components) < 2:
+            raise NotPermitted(f"{path}: scopes are made by Rucio's administrators")
+        dids = self._dids(components)
+        return DidPath(dids[-1], dids[-2] if len(dids) > 1 else None)
+
+    def check_new(self, path: str, kind: Kind, parent: Entry) -> None:
+        """Files go in datasets and directories (datasets) in scopes or containers; names
+        follow Rucio's schema. A directory made here and not yet sent is a dataset."""
+        self._writer()
+        depth = len(self._components(path)) - 1  # the parent's
+        if depth == 0:
+            parent_type = ""
+        elif depth == 1:
+            parent_type = "SCOPE"
+        else:
+            parent_type = str(parent.metadata.get("type") or "DATASET").upper()
+        check_new_did(kind, parent_type, self._target(path).did.name if depth else path)
+
+    async def put(self, path: str, data: bytes, attributes: Attributes = NO_ATTRIBUTES
+                  ) -> Entry:
+        return await self._writer().put(self._target(path), path.rpartition("/")[2], data)
+
+    async def begin_upload(self, path: str, attributes: Attributes = NO_ATTRIBUTES) -> Upload:
+        return await self._writer().begin(self._target(path), path.rpartition("/")[2])
+
+    async def confirm(self, path: str, expected: Entry) -> Entry:
+        return await self._writer().confirm(self._target(path), expected)
+
+    async def mkdir(self, path: str, attributes: Attributes = NO_ATTRIBUTES) -> Entry:
+        return await self._writer().make_dataset(self._target(path), path.rpartition("/")[2])
+
+    async def unlink(self, path: str) -> None:
+        target = self._target(path)
+        await self._writer().detach(target)
+        self._members.pop((target.parent, target.did), None)  # type: ignore[arg-type]
+
+    async def rmdir(self, path: str) -> None:
+        raise PermissionDenied(f"{path}: Rucio keeps collections (rm -r detaches the files "
+                               "your account wrote, and leaves the dataset)")
+
+    async def rename(self, old: str, new: str, entry: Entry) -> Entry:
+        raise CrossDevice(f"{old}: Rucio names are permanent (mv copies the file under the "
+                          "new name and detaches the old one)")
 
     def shared_identity(self) -> str:
         s = self.settings

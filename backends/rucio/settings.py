@@ -24,6 +24,10 @@ files from at their computed PFN before the replica catalog answers), ``speculat
 before the replica lookup is sent beside it, default 50 ms), ``replica_batch`` (most
 siblings resolved with a file once its dataset's files are being read one after another,
 default 256; 0: none).
+
+Writing (see :mod:`.upload`): ``upload_rse`` (the RSE files written through the mount are
+stored on; without it the mount is read-only), ``upload_rule_lifetime`` (lifetime of the rule
+a dataset made through the mount gets, e.g. ``30d``; default none: permanent).
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ READABLE_SCHEMES = ("https", "davs", "http", "dav", "file")
 #: DIDs per ``POST /replicas/list`` (the server refuses more).
 MAX_DIDS_PER_REQUEST = 1000
 OPTIONS = ("config", "auth", "api", "schemes", "rses", "local", "redirect", "timeout",
-           "speculate", "speculate_max", "speculate_hedge", "replica_batch")
+           "speculate", "speculate_max", "speculate_hedge", "replica_batch", "upload_rse",
+           "upload_rule_lifetime")
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class RucioSettings:
     speculate_max: int = 1 << 20
     speculate_hedge: float = 0.05
     replica_batch: int = 256
+    upload_rse: str = ""
+    #: Seconds; None: rules made for uploads are permanent.
+    upload_rule_lifetime: float | None = None
 
 
 #: What a caller's environment may say about its Rucio credentials (per-user mounts).
@@ -195,6 +203,14 @@ def load_settings(url: str, source: Source | None = None) -> RucioSettings:
         raise InvalidInput("rucio option replica_batch must be a whole number") from None
     except InvalidInput as exc:
         raise InvalidInput(f"rucio option: {exc}") from None
+    lifetime_text = option("upload_rule_lifetime")
+    try:
+        lifetime = (None if lifetime_text in (None, "", "none")
+                    else parse_duration(lifetime_text))
+    except InvalidInput as exc:
+        raise InvalidInput(f"rucio option upload_rule_lifetime: {exc}") from None
+    if lifetime is not None and lifetime < 1:
+        raise InvalidInput("rucio option upload_rule_lifetime must be at least 1 s (or none)")
     if not 0 <= replica_batch <= MAX_DIDS_PER_REQUEST:
         raise InvalidInput(f"rucio option replica_batch must be 0 to {MAX_DIDS_PER_REQUEST}")
 
@@ -211,7 +227,8 @@ def load_settings(url: str, source: Source | None = None) -> RucioSettings:
         root=tuple(p for p in unquote(parts.path).split("/") if p),
         schemes=schemes, rses=tuple(r for r in (option("rses") or "").split(",") if r),
         local=tuple(local), redirect=tuple(redirect), timeout=timeout, speculate=speculate,
-        speculate_max=speculate_max, speculate_hedge=hedge, replica_batch=replica_batch)
+        speculate_max=speculate_max, speculate_hedge=hedge, replica_batch=replica_batch,
+        upload_rse=option("upload_rse") or "", upload_rule_lifetime=lifetime)
     _check_credentials(settings, source)
     if source.own:
         return settings

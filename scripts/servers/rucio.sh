@@ -183,6 +183,8 @@ USER_CERT=$BASE/usercert.pem
 USER_KEY=$BASE/usercert.key
 USER_PROXY=$BASE/userproxy.pem
 USER_DN=/CN=rucio-fs-test-user
+RUCIO_CLI=$VENV/bin/rucio
+CLI_X509_PROXY=$BASE/x509up.pem
 ENV
 # A fresh catalog needs fresh storage (rucio upload skips a file it finds already there); the
 # 4.2 GB file is kept, it is the same bytes every time.
