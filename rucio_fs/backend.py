@@ -410,6 +410,10 @@ class Backend(ABC):
     #: uploads it again).
     atomic_uploads: ClassVar[bool] = True
 
+    #: Queued changes carried out at once with async write-back, unless the mount says
+    #: (``--write-back-parallelism``): more where the backend sends concurrent changes
+    #: together (Rucio's registrations).
+    write_back_parallelism: ClassVar[int] = 16
     #: Whether a file's content can be stored only once (Rucio: a file is immutable). The
     #: core then stores a new file at the first close that leaves it with content, and an
     #: empty one at its last close (`echo x > f` closes a duplicate of the new, still empty

@@ -570,6 +570,12 @@ class Catalog:
         return self.backend.scheme
 
     @property
+    def write_back_parallelism(self) -> int:
+        """How many queued changes to carry out at once unless the mount says
+        (:attr:`Backend.write_back_parallelism`)."""
+        return self.backend.write_back_parallelism
+
+    @property
     def write_once(self) -> bool:
         """Whether a file's content is stored only once (:attr:`Backend.write_once`)."""
         return self.backend.write_once

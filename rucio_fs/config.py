@@ -124,9 +124,10 @@ class MountConfig:
         "--write-back", "sync: close returns once the server holds the file; async: once the "
         "file is staged durably on local disk, the upload (and mkdir/unlink/rmdir) queued in "
         "order and replayed after a crash (see docs/writing.md).", "text"))
-    write_back_parallelism: int = field(default=16, metadata=_option(
+    write_back_parallelism: int = field(default=0, metadata=_option(
         "--write-back-parallelism", "Most queued changes carried out at once (async "
-        "write-back).", "count"))
+        "write-back); 0: the catalog's own (16; Rucio 128, whose registrations go "
+        "together).", "count"))
 
     @classmethod
     def from_options(cls, values: Mapping[str, Any], cold: bool = False,
@@ -184,8 +185,8 @@ class MountConfig:
             raise InvalidInput("shared-timeout must be positive and at most 10 s")
         if self.write_back not in ("sync", "async"):
             raise InvalidInput(f"write-back {self.write_back!r}: expected sync or async")
-        if not 1 <= self.write_back_parallelism <= 1024:
-            raise InvalidInput("write-back-parallelism must be between 1 and 1024")
+        if not 0 <= self.write_back_parallelism <= 1024:
+            raise InvalidInput("write-back-parallelism must be between 0 and 1024")
         if self.backend_timeout <= 0:
             raise InvalidInput("timeout must be positive")
         if not 4096 <= self.block_size <= 64 << 20 or self.block_size & (self.block_size - 1):

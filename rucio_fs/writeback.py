@@ -644,7 +644,7 @@ class WriteBack:
     catalog path (renames re-key them), and, with async write-back, the queued changes."""
 
     def __init__(self, catalog: Catalog, staging_dir: str, url: str,
-                 asynchronous: bool = False, parallelism: int = 16,
+                 asynchronous: bool = False, parallelism: int = 0,
                  identity: str | None = None) -> None:
         self.catalog = catalog
         self.url = url
@@ -680,7 +680,8 @@ class WriteBack:
         self.on_uploaded: Callable[[str, Entry], None] = lambda _path, _entry: None
         #: Called with the path of a queued change that was given up (set by the FUSE layer).
         self.on_dropped: Callable[[str], None] = lambda _path: None
-        self.queue = WriteQueue(self, parallelism, catalog.remove_batch_max)
+        self.queue = WriteQueue(self, parallelism or catalog.write_back_parallelism,
+                                catalog.remove_batch_max)
 
     def serve(self, catalog: Catalog) -> None:
         """Upload through ``catalog`` from now on, and have it show what is pending here.

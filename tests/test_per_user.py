@@ -139,6 +139,63 @@ def test_each_rucio_user_reads_as_its_own_account(rucio_server, users, per_user_
     assert "alicepw" not in text and "secret" not in text  # no password is ever logged
 
 
+def rucio_admin(server):
+    """The test server's REST API as its root account (an httpx client)."""
+    import httpx
+
+    host = server.env["RUCIO_HOST"]
+    answer = httpx.get(host + "/auth/userpass", headers={
+        "X-Rucio-Account": "root", "X-Rucio-Username": "ddmlab", "X-Rucio-Password": "secret"})
+    return httpx.Client(base_url=host, timeout=30, headers={
+        "X-Rucio-Auth-Token": answer.headers["X-Rucio-Auth-Token"]})
+
+
+def test_each_rucio_user_writes_into_its_own_scopes_only(rucio_server, users, per_user_mount):
+    """Two accounts without privileges (alice, bob), each with a scope of its own, write
+    through one writable per-user mount: each makes a dataset and uploads into its own
+    scope as itself, and Rucio refuses each one the other's scope (EACCES)."""
+    admin = rucio_admin(rucio_server)
+    # Rucio lets accounts without privileges write only to a *SCRATCHDISK (or USERDISK): one
+    # on the test storage.
+    rse = "USERS-SCRATCHDISK"
+    admin.post(f"/rses/{rse}", json={})
+    admin.post(f"/rses/{rse}/protocols/https", json={
+        "scheme": "https", "hostname": "127.0.0.1", "port": int(rucio_server.env["DAV_HTTPS"]),
+        "prefix": "/rucio/", "impl": "rucio.rse.protocols.webdav.NoRename",
+        "domains": {"lan": {"read": 1, "write": 1, "delete": 1},
+                    "wan": {"read": 1, "write": 1, "delete": 1}}})
+    for account, password in (("alice", "alicepw"), ("bob", "bobpw")):
+        if account == "bob":
+            admin.post("/accounts/bob", json={"type": "USER", "email": "bob@localhost"})
+            admin.post("/accounts/bob/identities", json={
+                "identity": "bob", "authtype": "USERPASS", "email": "bob@localhost",
+                "password": password})
+        admin.post(f"/scopes/{account}/user.{account}")
+        admin.post(f"/accounts/{account}/limits/local/{rse}", json={"bytes": -1})
+    a, b = users["rfs-pu-a"], users["rfs-pu-b"]
+    envs = {account: {"RUCIO_CONFIG": str(rucio_cfg(rucio_server, user, username=account,
+                                                     password=f"{account}pw",
+                                                     account=account))}
+            for account, user in (("alice", a), ("bob", b))}
+    mnt, log = per_user_mount(f"rucio:///?upload_rse={rse}")
+    run = os.urandom(4).hex()
+    for account, user in (("alice", a), ("bob", b)):
+        env = envs[account]
+        dataset = mnt / f"user.{account}" / f"user.{account}.out-{run}"
+        assert as_user(user, "mkdir", str(dataset), env=env).returncode == 0
+        result = as_user(user, "sh", "-c", f"echo {account} > {dataset}/{account}-{run}.txt",
+                         env=env)
+        assert result.returncode == 0, result.stderr
+        meta = admin.get(f"/dids/user.{account}/{account}-{run}.txt/meta").json()
+        assert meta.get("account") == account, (meta, log.read_text()[-3000:])
+        assert meta["bytes"] == len(account) + 1
+        other = "bob" if account == "alice" else "alice"
+        refused = as_user(user, "mkdir", str(mnt / f"user.{other}" / f"theirs-{run}"),
+                          env=env)
+        assert refused.returncode != 0 and "Permission denied" in refused.stderr
+    assert "alicepw" not in log.read_text() and "bobpw" not in log.read_text()
+
+
 def test_one_users_answers_teach_where_files_lie_never_what_they_hold(rucio_server, users,
                                                                      per_user_mount):
     """The users of a per-user mount share what they learn of RSE layouts (hints), never

@@ -23,8 +23,13 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+import trio
 from conftest import run_cli, wait_for
 from fault_proxy import fault_proxy
+from rucio_fs.backends.rucio.upload import GroupCommit
+from trio.testing import MockClock
+
+from rucio_fs.errors import AlreadyExists, Unavailable
 
 SYNC, ASYNC = (), ("--write-back", "async")
 
@@ -270,12 +275,12 @@ STEPS = {
     "storage path": ("api", "GET", "lfns2pfns"),
     "bytes": ("storage", "PUT", ".rucio.upload"),
     "claim": ("api", "POST", '"state":"C"'),
-    "claim check": ("api", "GET", "/meta"),
+    "claim check": ("api", "POST", "/dids/bulkmeta"),
     "move": ("storage", "MOVE", ".rucio.upload"),
     "size check": ("storage", "HEAD", "/rucio/"),
     "available": ("api", "PUT", '"state":"A"'),
     "available check": ("api", "POST", '"all_states":false'),
-    "attach": ("api", "POST", "/dids/bench/"),
+    "attach": ("api", "POST", "/dids/attachments"),
 }
 CASES = ([(step, "error") for step in STEPS]
          + [(step, "lost-ok") for step in ("bytes", "claim", "move", "available", "attach")]
@@ -306,8 +311,6 @@ def test_every_step_of_an_upload_may_fail(mount_fs, rucio_server, tmp_path, prox
     data = random.Random(step + kind).randbytes(6000)
     (tmp_path / name).write_bytes(data)
     server, method, match = STEPS[step]
-    if match == "/dids/bench/":
-        match = f"/dids/bench/{dataset}/dids"
     proxies[server].inject(kind, match=match, method=method,
                            times=-1 if kind == "error" else 1)
     result = subprocess.run(["cp", str(tmp_path / name), str(m.path / dataset / name)],
@@ -339,8 +342,6 @@ def test_a_daemon_killed_in_any_step_leaves_nothing_false_and_the_next_mount_fin
     name = unique("f") + ".dat"
     data = random.Random(step).randbytes(6000)
     server, method, match = STEPS[step]
-    if match == "/dids/bench/":
-        match = f"/dids/bench/{dataset}/dids"
     fault = proxies[server].inject("stall", match=match, method=method, times=1)
     (m.path / dataset / name).write_bytes(data)
     wait_for(lambda: fault.hits, timeout=30)
@@ -392,3 +393,43 @@ def test_writing_needs_an_upload_rse(mount_fs, rucio_server):
     with pytest.raises(OSError) as raised:
         os.mkdir(m.path / unique("nowhere"))
     assert raised.value.errno == errno.EROFS
+
+
+# -- group commit (in-process) -----------------------------------------------------------------
+
+def test_uploads_at_the_same_time_share_each_catalog_request():
+    """Items arriving while a call is on its way go together in the next one; a call's
+    failure per item fails that item only, and an error of the call fails its whole batch."""
+    calls: list[list[int]] = []
+
+    async def send(items: list[int]) -> dict:
+        calls.append(sorted(items))
+        await trio.sleep(1)
+        if 63 in items:
+            raise Unavailable("the catalog is down")
+        return {i: AlreadyExists(f"{i} taken") for i in items if i % 10 == 7}
+
+    group = GroupCommit(send, most=50)
+    outcomes: dict[int, str] = {}
+
+    async def one(i: int) -> None:
+        try:
+            await group.run(i)
+            outcomes[i] = "ok"
+        except (AlreadyExists, Unavailable) as exc:
+            outcomes[i] = type(exc).__name__
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, 0)
+            await trio.sleep(0.1)  # 0 goes alone; the next 100 wait for it, then 50 and 50
+            for i in range(1, 101):
+                nursery.start_soon(one, i)
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert [len(c) for c in calls] == [1, 50, 50]
+    assert outcomes[7] == outcomes[17] == "AlreadyExists"
+    batch_of_63 = next(c for c in calls if 63 in c)
+    assert all(outcomes[i] == "Unavailable" for i in batch_of_63)
+    assert all(outcomes[i] == "ok" for i in range(101)
+               if i % 10 != 7 and i not in batch_of_63)

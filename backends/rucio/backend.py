@@ -394,6 +394,9 @@ class RucioBackend(Backend):
     # A file goes to its storage as one streamed body: its parts in order, one at a time.
     upload_parallelism: ClassVar[int] = 1
     write_once: ClassVar[bool] = True
+    # Uploads at the same time share their catalog requests (upload.GroupCommit): the more
+    # on their way, the fewer requests per file.
+    write_back_parallelism: ClassVar[int] = 128
 
     def __init__(self, settings: RucioSettings) -> None:
         self.settings = settings

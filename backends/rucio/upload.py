@@ -7,22 +7,29 @@ one is still being written)::
     PUT     <pfn>.<tag>.rucio.upload         the bytes, adler32 and md5 computed as they pass
     POST    /replicas                        the DID and its replica, state COPYING (a name
                                              claimed: a replica nobody may read yet)
-    GET     /dids/<scope>/<name>/meta        the catalog holds our size and checksums? Else
+    POST    /dids/bulkmeta                   the catalog holds our size and checksums? Else
                                              the name is someone else's: EEXIST, nothing moved
     MOVE    temp -> <pfn>                    the bytes where the catalog says they are
     HEAD    <pfn>                            their size checked on the storage
     PUT     /replicas                        state AVAILABLE
     POST    /replicas/list                   read back: AVAILABLE, our size and checksums
-    POST    /dids/<dataset>/dids             attached
-    GET     /dids/<scope>/<name>/parents     read back (the core's ``confirm``)
+    POST    /dids/attachments                attached to the dataset
+    GET     /dids/<dataset>/dids (or the     read back (the core's ``confirm``)
+            file's parents)
+
+(and first ``GET /rses/<rse>/lfns2pfns``: where the bytes go.)
+
+The catalog steps of files uploaded at the same time (async write-back runs many) go
+together: one request for the whole group at each step (:class:`GroupCommit`).
 
 Every step may be repeated: the core uploads the staged file again after a failure, a crash
 or a remount (its journal), and each step finds what an earlier try did: registering a
 file that exists changes nothing, a repeated move finds the bytes in place (checked by
 size), an attachment that exists is done. The same content under the same name (an earlier
-try, or another client's) lands on the same PFN: never a second copy. So a replica is AVAILABLE only once its bytes are verified at its PFN, and a file is
-attached only once its replica is AVAILABLE. A file whose name holds other content in the
-catalog is never stored: Rucio files are immutable.
+try, or another client's) lands on the same PFN: never a second copy. So a replica is
+AVAILABLE only once its bytes are verified at its PFN, and a file is attached only once its
+replica is AVAILABLE. A file whose name holds other content in the catalog is never
+stored: Rucio files are immutable.
 
 Namespace: ``mkdir`` makes a dataset (in a scope, or attached to the container it is made
 in) with a rule of one copy on ``upload_rse`` (lifetime ``upload_rule_lifetime``), as
@@ -40,8 +47,8 @@ import re
 import secrets
 import ssl
 import zlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 import trio
@@ -68,12 +75,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+V = TypeVar("V")
+
 #: DID names the server's generic schema accepts.
 NAME_PATTERN = re.compile(r"^[/A-Za-z0-9][/A-Za-z0-9.\-_]*$")
 NAME_MAX = 250
 #: Collection types files and datasets may be made in.
 FILE_PARENTS = frozenset({"DATASET"})
 DATASET_PARENTS = frozenset({"SCOPE", "CONTAINER"})
+#: Most files in one registration request (SQLite-backed servers refuse 999 or more).
+BATCH_MAX = 500
+#: Largest dataset whose content is listed to check that files were attached to it (a
+#: bigger one is asked each file's parents).
+LISTED_CHECK_MAX = 10_000
+#: Most storage paths asked in one request (names in its URL).
+PFN_BATCH_MAX = 50
 #: How long a replica read back AVAILABLE by its upload answers for ``confirm``.
 VERIFIED_TTL = 30.0
 #: How long whether a dataset is open is remembered.
@@ -129,6 +146,15 @@ class Uploads:
         #: Files whose replica an upload just read back AVAILABLE (DID -> adler32): their
         #: ``confirm`` reads back only the attachment.
         self._available: TTLCache[Did, str] = TTLCache(100_000, VERIFIED_TTL)
+        self._pfns = GroupCommit(self._lookup_pfns, PFN_BATCH_MAX)
+        self._attached = GroupCommit(self._check_attached, BATCH_MAX)
+        self._datasets = GroupCommit(self._describe_datasets, PFN_BATCH_MAX)
+        #: How many files each dataset written into holds, about (what the catalog said at
+        #: its first write, plus the files attached since).
+        self._lengths: dict[Did, int] = {}
+        self._claims = GroupCommit(self._claim, BATCH_MAX)
+        self._availability = GroupCommit(self._make_available, BATCH_MAX)
+        self._attachments = GroupCommit(self._attach_all, BATCH_MAX)
         #: Whether datasets written into are open (see :meth:`check_open`).
         self._open: TTLCache[Did, bool] = TTLCache(10_000, OPEN_TTL)
 
@@ -176,11 +202,7 @@ class Uploads:
                     found["replica"] = line
 
         async def attached() -> None:
-            async for line in self.api.ndjson("GET", did.url() + "/parents",
-                                              what=f"parents of {did}"):
-                if (line.get("scope"), line.get("name")) == (target.parent.scope,
-                                                             target.parent.name):
-                    found["attached"] = True
+            found["attached"] = await self._attached.run(target)
 
         # The replica was read back AVAILABLE moments ago by the upload itself.
         verified = self._available.get(did) == expected.version
@@ -200,50 +222,139 @@ class Uploads:
             raise Unconfirmed(f"{did}: not attached to {target.parent}")
         return expected
 
+    async def _check_attached(self, targets: list[DidPath]) -> dict[DidPath, bool]:
+        """Whether each file is attached to its dataset, as the catalog says now: one
+        listing of a dataset for all of its files here, while it holds at most
+        :data:`LISTED_CHECK_MAX` files; else each file's parents."""
+        by_parent: dict[Did, list[DidPath]] = {}
+        for target in targets:
+            assert target.parent is not None
+            by_parent.setdefault(target.parent, []).append(target)
+        found: dict[DidPath, bool] = {}
+
+        async def check(parent: Did, group: list[DidPath]) -> None:
+            if len(group) > 1 and self._lengths.get(parent, 0) <= LISTED_CHECK_MAX:
+                content = set()
+                async for line in self.api.ndjson("GET", parent.url() + "/dids",
+                                                  what=f"content of {parent}"):
+                    content.add((line.get("scope"), line.get("name")))
+                for target in group:
+                    found[target] = (target.did.scope, target.did.name) in content
+                return
+            for target in group:
+                found[target] = False
+                async for line in self.api.ndjson("GET", target.did.url() + "/parents",
+                                                  what=f"parents of {target.did}"):
+                    if (line.get("scope"), line.get("name")) == (parent.scope, parent.name):
+                        found[target] = True
+
+        async with trio.open_nursery() as nursery:
+            for parent, group in by_parent.items():
+                nursery.start_soon(check, parent, group)
+        return found
+
     async def _register(self, target: DidPath, name: str, temp: str, final: str, size: int,
                         adler32: str, md5: str) -> Entry:
         """The bytes are at ``temp``: claim the name, move them to ``final``, verify, make
-        the replica AVAILABLE and attach it."""
-        did = target.did
-        file = {"scope": did.scope, "name": did.name, "bytes": size, "adler32": adler32,
-                "md5": md5}
-        await self.api.request("POST", "/replicas", expect=(201,),
-                               json={"rse": self.rse, "ignore_availability": True,
-                                     "files": [dict(file, state="C")]},
-                               what=f"registration of {did} on {self.rse}")
-        # Registering an existing file changes nothing: the name is ours if the catalog
-        # holds our size and checksums (an earlier try of ours, or the same content).
-        meta = await self.api.json("GET", did.url() + "/meta", what=f"metadata of {did}")
-        if not _same_file(meta, size, adler32, md5):
-            await self._discard(temp)
-            raise AlreadyExists(f"{did} exists in Rucio with other content (files are "
-                                "immutable: write it under another name)")
+        the replica AVAILABLE and attach it. The catalog steps of uploads under way at the
+        same time go together (see :class:`GroupCommit`)."""
+        file = _File(target, temp, final, size, adler32, md5)
+        await self._claims.run(file)
         await self._move(temp, final, size)
-        await self.api.request("PUT", "/replicas", expect=(200,),
-                               json={"rse": self.rse, "files": [
-                                   {"scope": did.scope, "name": did.name, "state": "A"}]},
-                               what=f"replica of {did} on {self.rse} made available")
-        # Attached only once AVAILABLE: read back (an answer of success may not mean it).
-        held = await self._replica(did, all_states=False)
-        if self.rse not in ((held or {}).get("rses") or {}) or not _same_file(
-                held or {}, size, adler32, md5):
-            raise Unavailable(f"{did}: no AVAILABLE replica on {self.rse} after making it so")
-        self._available[did] = adler32
+        await self._availability.run(file)
+        self._available[target.did] = adler32
         if target.parent is not None:
-            await self._attach(target.parent, did)
+            await self._attachments.run(file)
         return Entry(name=name, kind=Kind.FILE, size=size, mtime_ns=self.mtime_ns,
                      checksums={"adler32": adler32, "md5": md5}, immutable=True,
                      version=adler32)
 
-    async def _replica(self, did: Did, all_states: bool = True) -> Mapping[str, Any] | None:
-        """The catalog's record of file ``did`` with its replicas (each state's, or the
-        AVAILABLE ones)."""
-        body = {"dids": [{"scope": did.scope, "name": did.name}], "all_states": all_states}
-        found = None
+    async def _claim(self, files: list[_File]) -> dict[_File, RucioFsError]:
+        """Register the files (replicas COPYING: nobody reads them yet) and check that the
+        catalog holds their size and checksums: registering a file that exists changes
+        nothing, so the name is ours only if it does (an earlier try, or the same content).
+        Another file under the name: AlreadyExists, and its bytes are left alone."""
+        records = [dict(f.record(), state="C") for f in files]
+        await self.api.request("POST", "/replicas", expect=(201,),
+                               json={"rse": self.rse, "ignore_availability": True,
+                                     "files": records},
+                               what=f"registration of {_files(files)} on {self.rse}")
+        held: dict[tuple[str, str], Mapping[str, Any]] = {}
+        body = {"dids": [{"scope": f.did.scope, "name": f.did.name} for f in files]}
+        async for meta in self.api.ndjson("POST", "/dids/bulkmeta", json=body,
+                                          what=f"metadata of {_files(files)}"):
+            if isinstance(meta, dict):
+                held[(str(meta.get("scope")), str(meta.get("name")))] = meta
+        failures: dict[_File, RucioFsError] = {}
+        for f in files:
+            if not _same_file(held.get((f.did.scope, f.did.name), {}), f.size, f.adler32,
+                              f.md5):
+                await self._discard(f.temp)
+                failures[f] = AlreadyExists(f"{f.did} exists in Rucio with other content "
+                                            "(files are immutable: write it under another "
+                                            "name)")
+        return failures
+
+    async def _make_available(self, files: list[_File]) -> dict[_File, RucioFsError]:
+        """Make the replicas AVAILABLE (their bytes are in place), then read them back: an
+        answer of success may not mean it, and a file is attached only once AVAILABLE."""
+        await self.api.request("PUT", "/replicas", expect=(200,),
+                               json={"rse": self.rse, "files": [
+                                   {"scope": f.did.scope, "name": f.did.name, "state": "A"}
+                                   for f in files]},
+                               what=f"replicas of {_files(files)} made available")
+        held = await self._replicas([f.did for f in files], all_states=False)
+        failures: dict[_File, RucioFsError] = {}
+        for f in files:
+            record = held.get(f.did) or {}
+            if self.rse not in (record.get("rses") or {}) or not _same_file(
+                    record, f.size, f.adler32, f.md5):
+                failures[f] = Unavailable(f"{f.did}: no AVAILABLE replica on {self.rse} "
+                                          "after making it so")
+        return failures
+
+    async def _attach_all(self, files: list[_File]) -> dict[_File, RucioFsError]:
+        """Attach the files to their datasets (one request; one per file if it fails, to
+        tell which)."""
+        by_parent: dict[Did, list[_File]] = {}
+        for f in files:
+            assert f.target.parent is not None
+            by_parent.setdefault(f.target.parent, []).append(f)
+        attachments = [{"scope": parent.scope, "name": parent.name,
+                        "dids": [{"scope": f.did.scope, "name": f.did.name} for f in group]}
+                       for parent, group in by_parent.items()]
+        try:
+            await self.api.request("POST", "/dids/attachments", expect=(201,),
+                                   json={"attachments": attachments, "ignore_duplicate": True},
+                                   what=f"attachment of {_files(files)}")
+            for parent, group in by_parent.items():
+                self._lengths[parent] = self._lengths.get(parent, 0) + len(group)
+            return {}
+        except RucioFsError:
+            if len(files) == 1:
+                raise
+        failures: dict[_File, RucioFsError] = {}
+        for f in files:
+            try:
+                assert f.target.parent is not None
+                await self._attach(f.target.parent, f.did)
+            except RucioFsError as exc:
+                failures[f] = exc
+        return failures
+
+    async def _replicas(self, dids: list[Did], all_states: bool = True
+                        ) -> dict[Did, Mapping[str, Any]]:
+        """The catalog's records of files ``dids`` with their replicas (each state's, or
+        the AVAILABLE ones)."""
+        wanted = set(dids)
+        body = {"dids": [{"scope": did.scope, "name": did.name} for did in dids],
+                "all_states": all_states}
+        found: dict[Did, Mapping[str, Any]] = {}
         async for line in self.api.ndjson("POST", "/replicas/list", json=body,
-                                          what=f"replicas of {did}"):
-            if line.get("scope") == did.scope and line.get("name") == did.name:
-                found = line
+                                          what=f"replicas of {len(dids)} file(s)"):
+            did = _did_of(line)
+            if did in wanted:
+                found[did] = line
         return found
 
     async def _attach(self, parent: Did, did: Did) -> None:
@@ -261,25 +372,50 @@ class Uploads:
         answer is remembered for a minute."""
         is_open = self._open.get(dataset)
         if is_open is None:
-            info = await self.api.json("GET", dataset.url(), what=f"stat of {dataset}")
-            is_open = self._open[dataset] = info.get("open") is not False
+            is_open = await self._datasets.run(dataset)
         if not is_open:
             raise NotPermitted(f"{dataset} is closed: nothing can be added to it or taken "
                                "from it")
 
+    async def _describe_datasets(self, datasets: list[Did]) -> dict[Did, bool]:
+        """Whether each dataset is open (remembered), and how many files it holds."""
+        found: dict[Did, bool] = {}
+
+        async def describe(dataset: Did) -> None:
+            info = await self.api.json("GET", dataset.url(), what=f"stat of {dataset}")
+            found[dataset] = self._open[dataset] = info.get("open") is not False
+            self._lengths.setdefault(dataset, int(info.get("length") or 0))
+
+        async with trio.open_nursery() as nursery:
+            for dataset in datasets:
+                nursery.start_soon(describe, dataset)
+        return found
+
     async def _pfn(self, did: Did) -> str:
-        """Where the RSE's deterministic layout puts ``did`` (its write protocol)."""
-        lfn = f"{did.scope}:{did.name}"
-        answer = await self.api.json("GET", f"/rses/{quote(self.rse, safe='')}/lfns2pfns",
-                                     params=[("lfn", lfn), ("operation", "write")],
-                                     what=f"storage path of {did} on {self.rse}")
-        pfn = answer.get(lfn) if isinstance(answer, dict) else None
-        if not isinstance(pfn, str) or not pfn:
-            raise Unavailable(f"{self.rse} gave no storage path for {did}")
-        if urlsplit(_writable_url(pfn)).scheme not in ("http", "https"):
-            raise NotPermitted(f"{self.rse} is written over {pfn.partition(':')[0]}://, "
-                               "which this mount cannot write (davs, https and http can)")
+        """Where the RSE's deterministic layout puts ``did`` (its write protocol); the
+        lookups of uploads under way at the same time go in one request."""
+        pfn = await self._pfns.run(did)
+        assert isinstance(pfn, str)
         return pfn
+
+    async def _lookup_pfns(self, dids: list[Did]) -> dict[Did, str | RucioFsError]:
+        lfns = {f"{did.scope}:{did.name}": did for did in dids}
+        answer = await self.api.json(
+            "GET", f"/rses/{quote(self.rse, safe='')}/lfns2pfns",
+            params=[*(("lfn", lfn) for lfn in lfns), ("operation", "write")],
+            what=f"storage paths of {len(dids)} file(s) on {self.rse}")
+        found: dict[Did, str | RucioFsError] = {}
+        for lfn, did in lfns.items():
+            pfn = answer.get(lfn) if isinstance(answer, dict) else None
+            if not isinstance(pfn, str) or not pfn:
+                found[did] = Unavailable(f"{self.rse} gave no storage path for {did}")
+            elif urlsplit(_writable_url(pfn)).scheme not in ("http", "https"):
+                found[did] = NotPermitted(f"{self.rse} is written over "
+                                          f"{pfn.partition(':')[0]}://, which this mount "
+                                          "cannot write (davs, https and http can)")
+            else:
+                found[did] = pfn
+        return found
 
     # -- the storage ------------------------------------------------------------------------
 
@@ -407,6 +543,93 @@ class _StreamedUpload(Upload):
         self.put.abort()
         if self.finished:
             await self.uploads._discard(self.temp)
+
+
+class _File:
+    """One file on its way into the catalog (hashed by identity: a batch's member)."""
+
+    __slots__ = ("adler32", "final", "md5", "size", "target", "temp")
+
+    def __init__(self, target: DidPath, temp: str, final: str, size: int, adler32: str,
+                 md5: str) -> None:
+        self.target, self.temp, self.final = target, temp, final
+        self.size, self.adler32, self.md5 = size, adler32, md5
+
+    @property
+    def did(self) -> Did:
+        return self.target.did
+
+    def record(self) -> dict[str, Any]:
+        return {"scope": self.did.scope, "name": self.did.name, "bytes": self.size,
+                "adler32": self.adler32, "md5": self.md5}
+
+
+class GroupCommit(Generic[T, V]):
+    """Many callers' items sent in few calls of ``send`` (group commit, no added delay):
+    the first caller sends its item at once; items arriving while a call is on its way go
+    together in the next one (at most ``most``). ``send`` returns each item's value or
+    error (an item it leaves out gets None); an error it raises fails every item of its
+    call."""
+
+    def __init__(self, send: Callable[[list[T]], Awaitable[Mapping[T, V | RucioFsError]]],
+                 most: int) -> None:
+        self._send = send
+        self._most = most
+        self._pending: dict[T, _Outcome] = {}
+        self._sending: trio.Event | None = None
+        self.calls = 0
+
+    async def run(self, item: T) -> V | None:
+        outcome = self._pending.setdefault(item, _Outcome())
+        while not outcome.done.is_set():
+            if self._sending is None:
+                self._sending = trio.Event()
+                try:
+                    await self._send_batch(item)
+                finally:
+                    sending, self._sending = self._sending, None
+                    sending.set()
+            else:
+                await self._sending.wait()
+        if isinstance(outcome.value, RucioFsError):
+            raise outcome.value
+        return outcome.value
+
+    async def _send_batch(self, first: T) -> None:
+        batch = {first: self._pending.pop(first)}
+        while self._pending and len(batch) < self._most:
+            item = next(iter(self._pending))
+            batch[item] = self._pending.pop(item)
+        self.calls += 1
+        try:
+            answers: Mapping[T, Any] = await self._send(list(batch))
+        except RucioFsError as exc:
+            answers = dict.fromkeys(batch, exc)
+        except BaseException:
+            for outcome in batch.values():
+                outcome.value = Unavailable("the request this was sent in was cancelled")
+                outcome.done.set()
+            raise
+        for item, outcome in batch.items():
+            outcome.value = answers.get(item)
+            outcome.done.set()
+
+
+class _Outcome:
+    __slots__ = ("done", "value")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.value: Any = None
+
+
+def _files(files: list[_File]) -> str:
+    return str(files[0].did) if len(files) == 1 else f"{len(files)} files"
+
+
+def _did_of(line: Mapping[str, Any]) -> Did:
+    from .backend import Did
+    return Did(str(line.get("scope", "")), str(line.get("name", "")))
 
 
 def _checksums(data: bytes) -> tuple[str, str]:
