@@ -120,9 +120,9 @@ def summary(r: dict) -> str:
         f"{r['big_bytes'] / 1e9:.1f} GB file (sparse)", "",
         "| what | rucio upload | rucio-fs | ratio | goal |", "|---|---:|---:|---:|---|",
         f"| {r['files']} small files, sync | {r['small_cli_s']:.1f} s | "
-        f"{r['small_sync_s']:.1f} s | {r['small_sync_s'] / r['small_cli_s']:.2f}x | <= 0.2x |",
+        f"{r['small_sync_s']:.1f} s | {r['small_sync_s'] / r['small_cli_s']:.3f}x | <= 0.2x |",
         f"| {r['files']} small files, async (until stored) | {r['small_cli_s']:.1f} s | "
-        f"{r['small_async_s']:.1f} s | {r['small_async_s'] / r['small_cli_s']:.2f}x | "
+        f"{r['small_async_s']:.1f} s | {r['small_async_s'] / r['small_cli_s']:.3f}x | "
         "<= 0.05x |",
         f"| big file throughput | {mb / r['big_cli_s']:.0f} MB/s | "
         f"{mb / r['big_sync_s']:.0f} MB/s | {r['big_cli_s'] / r['big_sync_s']:.2f}x | "
