@@ -310,6 +310,11 @@ def test_a_walk_lists_each_directory_once_and_completes_the_listed_names():
     trio.run(main)
 
 
+#: Every path of :class:`Tree` in the order a walk (`rsync`) looks them up.
+WALK = [f"/a{i}" + rest for i in range(4) for rest in
+        ["", *[f"/b{j}" + leaf for j in range(4) for leaf in ["", *[f"/f{k}" for k in range(3)]]]]]
+
+
 class Tree(CallLog):
     """``/a0`` … ``/a3``, each holding directories ``b0`` … ``b3``, each holding files ``f0`` …
     ``f2``; logs each call with its path."""
@@ -340,12 +345,9 @@ def test_below_a_directory_listed_for_a_walk_each_directory_is_listed_at_its_fir
     instead of a stat of the name and a listing at the second: one request per directory."""
     backend = Tree()
     catalog = catalog_of(backend, makes_names=True)
-    paths = [f"/a{i}" + rest for i in range(4) for rest in
-             ["", *[f"/b{j}" + leaf for j in range(4) for leaf in
-                    ["", *[f"/f{k}" for k in range(3)]]]]]
 
     async def main() -> None:
-        for path in paths:
+        for path in WALK:
             await catalog.stat(path)
 
     trio.run(main)
@@ -387,15 +389,12 @@ def test_a_walk_lists_a_directory_while_its_attributes_are_asked():
     at once, each directory still listed and completed once."""
     backend = MarkedTree()
     catalog = catalog_of(backend, makes_names=True)
-    paths = [f"/a{i}" + rest for i in range(4) for rest in
-             ["", *[f"/b{j}" + leaf for j in range(4) for leaf in
-                    ["", *[f"/f{k}" for k in range(3)]]]]]
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             catalog.nursery = nursery
             await catalog.stat("/a0/b0/f0")  # a path resolved: no walk yet
-            for path in paths:
+            for path in WALK:
                 await catalog.stat(path)
             nursery.cancel_scope.cancel()
 

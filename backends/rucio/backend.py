@@ -76,13 +76,13 @@ from rucio_fs.http import (
     RetryPolicy,
     quote_path,
     tls_context,
-    url_from_literal,
 )
 from rucio_fs.identity import CallerCredentials, caller_source
 from rucio_fs.options import url_option_values
 from rucio_fs.tasks import open_nursery
 
 from .auth import RucioAuth, default_token_file, describe
+from .layout import pfn_url
 from .settings import (
     CREDENTIAL_ENV,
     MAX_DIDS_PER_REQUEST,
@@ -330,19 +330,15 @@ class ReplicaResolver:
 
 
 def _readable_url(pfn: str, settings: RucioSettings) -> tuple[str, bool]:
-    """The URL to read ``pfn`` from, and whether it is a local file. PFNs are literal (a
-    name's space or ``%`` is not encoded in them): the URL is encoded here."""
+    """The URL to read ``pfn`` from (:func:`.layout.pfn_url`, unless a ``local`` or
+    ``redirect`` setting maps it), and whether it is a local file."""
     for prefix, directory in settings.local:
         if pfn.startswith(prefix):
             return "file://" + quote_path(directory.rstrip("/") + "/" + pfn[len(prefix):]), True
     for prefix, target in settings.redirect:
         if pfn.startswith(prefix):
             return target.rstrip("/") + "/" + quote_path(pfn[len(prefix):].lstrip("/")), False
-    if pfn.startswith("davs://"):
-        pfn = "https://" + pfn[len("davs://"):]
-    elif pfn.startswith("dav://"):
-        pfn = "http://" + pfn[len("dav://"):]
-    return url_from_literal(pfn), False
+    return pfn_url(pfn), False
 
 
 class _Siblings:

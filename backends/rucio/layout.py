@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rucio_fs.http import url_from_literal
+
 #: The lfn2pfn algorithms computed here (Rucio's built-in ones without site code).
 ALGORITHMS = ("hash", "identity")
 
@@ -109,3 +111,14 @@ class RseDescription:
         """Every PFN of ``scope:name`` this RSE's protocols give (to check a catalog's)."""
         path = None if self.refusal else lfn2pfn_path(self.algorithm, scope, name)
         return {p.pfn(path) for p in self.protocols} if path is not None else set()
+
+
+def pfn_url(pfn: str) -> str:
+    """The URL a PFN is read and written at: ``davs``/``dav`` are WebDAV over https/http, and
+    PFNs are literal (a name's space or ``%`` is not encoded in them), so the URL is
+    encoded here."""
+    if pfn.startswith("davs://"):
+        pfn = "https://" + pfn[len("davs://"):]
+    elif pfn.startswith("dav://"):
+        pfn = "http://" + pfn[len("dav://"):]
+    return url_from_literal(pfn)

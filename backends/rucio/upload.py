@@ -66,8 +66,9 @@ from rucio_fs.errors import (
     Unavailable,
     Unconfirmed,
 )
-from rucio_fs.http import ApiClient, StreamedPut, url_from_literal
+from rucio_fs.http import ApiClient, StreamedPut
 
+from .layout import pfn_url
 from .settings import RucioSettings
 
 if TYPE_CHECKING:
@@ -182,7 +183,7 @@ class Uploads:
             await self.check_open(target.parent)
         final = await self._pfn(target.did)
         temp = _temporary(final, secrets.token_hex(4))
-        put = StreamedPut(_writable_url(temp), context=self.context,
+        put = StreamedPut(pfn_url(temp), context=self.context,
                           timeout=self.settings.timeout)
         return _StreamedUpload(self, target, name, final, temp, put)
 
@@ -195,11 +196,7 @@ class Uploads:
         found: dict[str, Any] = {}
 
         async def replica() -> None:
-            body = {"dids": [{"scope": did.scope, "name": did.name}], "all_states": False}
-            async for line in self.api.ndjson("POST", "/replicas/list", json=body,
-                                              what=f"replicas of {did}"):
-                if line.get("scope") == did.scope and line.get("name") == did.name:
-                    found["replica"] = line
+            found["replica"] = (await self._replicas([did], all_states=False)).get(did)
 
         async def attached() -> None:
             found["attached"] = await self._attached.run(target)
@@ -212,10 +209,8 @@ class Uploads:
             if target.parent is not None:
                 nursery.start_soon(attached)
         line = found.get("replica") or {}
-        if not verified and (
-                self.rse not in (line.get("rses") or {})
-                or line.get("bytes") is None or int(line["bytes"]) != expected.size
-                or not _same_adler32(str(line.get("adler32") or ""), expected.version)):
+        if not verified and (self.rse not in (line.get("rses") or {}) or not _same_file(
+                line, expected.size, expected.version, expected.checksums.get("md5", ""))):
             raise Unconfirmed(f"{did}: no AVAILABLE replica on {self.rse} with "
                               f"{expected.size} bytes and adler32 {expected.version}")
         if target.parent is not None and not found.get("attached"):
@@ -409,7 +404,7 @@ class Uploads:
             pfn = answer.get(lfn) if isinstance(answer, dict) else None
             if not isinstance(pfn, str) or not pfn:
                 found[did] = Unavailable(f"{self.rse} gave no storage path for {did}")
-            elif urlsplit(_writable_url(pfn)).scheme not in ("http", "https"):
+            elif urlsplit(pfn_url(pfn)).scheme not in ("http", "https"):
                 found[did] = NotPermitted(f"{self.rse} is written over "
                                           f"{pfn.partition(':')[0]}://, which this mount "
                                           "cannot write (davs, https and http can)")
@@ -421,7 +416,7 @@ class Uploads:
 
     def _client(self, pfn: str) -> tuple[ApiClient, str]:
         """The storage client of ``pfn``'s server, and the request path of ``pfn``."""
-        parts = urlsplit(_writable_url(pfn))
+        parts = urlsplit(pfn_url(pfn))
         base = f"{parts.scheme}://{parts.netloc}"
         client = self._storage.get(base)
         if client is None:
@@ -436,7 +431,7 @@ class Uploads:
         client, path = self._client(temp)
         with contextlib.suppress(NotFound):
             await client.request("MOVE", path, expect=(201, 204),
-                                 headers={"Destination": _writable_url(final),
+                                 headers={"Destination": pfn_url(final),
                                           "Overwrite": "T"},
                                  what=f"renaming the upload to {final}")
         client, path = self._client(final)
@@ -638,11 +633,12 @@ def _checksums(data: bytes) -> tuple[str, str]:
 
 def _same_file(record: Mapping[str, Any], size: int, adler32: str, md5: str) -> bool:
     """Whether the catalog's ``record`` of a file (its metadata, or a replica listing's
-    line) has this size and these checksums (an md5 it does not hold is not compared)."""
+    line) has this size and these checksums (an md5 missing on either side is not
+    compared)."""
     held_md5 = str(record.get("md5") or "")
     return (record.get("bytes") is not None and int(record["bytes"]) == size
             and _same_adler32(str(record.get("adler32") or ""), adler32)
-            and (not held_md5 or held_md5.lower() == md5))
+            and (not held_md5 or not md5 or held_md5.lower() == md5))
 
 
 def _same_adler32(a: str, b: str) -> bool:
@@ -656,15 +652,6 @@ def _temporary(pfn: str, tag: str) -> str:
     upload, so a repeated upload overwrites what an interrupted one left; a streamed upload
     gets a random tag (one interrupted midway leaves its part behind, as dark data)."""
     return f"{pfn}.{tag}.rucio.upload"
-
-
-def _writable_url(pfn: str) -> str:
-    """The http(s) URL a PFN is written at (``davs``/``dav`` are WebDAV over http(s))."""
-    if pfn.startswith("davs://"):
-        pfn = "https://" + pfn[len("davs://"):]
-    elif pfn.startswith("dav://"):
-        pfn = "http://" + pfn[len("dav://"):]
-    return url_from_literal(pfn)
 
 
 def _lifetime(settings: RucioSettings) -> int | None:
