@@ -154,6 +154,18 @@ class RucioServer:
         subprocess.run(["bash", str(SERVER_SCRIPT), command, str(self.base)], check=True,
                        capture_output=True, timeout=60)
 
+    def admin(self):
+        """The server's REST API as its root account (an httpx client)."""
+        import httpx
+
+        host = self.env["RUCIO_HOST"]
+        answer = httpx.get(host + "/auth/userpass", headers={
+            "X-Rucio-Account": "root", "X-Rucio-Username": "ddmlab",
+            "X-Rucio-Password": "secret"})
+        answer.raise_for_status()
+        return httpx.Client(base_url=host, timeout=30, headers={
+            "X-Rucio-Auth-Token": answer.headers["X-Rucio-Auth-Token"]})
+
 
 def free_ports(count: int) -> list[int]:
     """Ports nobody listens on right now (so a test server never meets a running one)."""

@@ -200,3 +200,19 @@ class TestRucio(BackendConformance, BigFileConformance, CutListingConformance,
     @pytest.fixture
     def dead_url(self, rucio_server) -> str:
         return f"rucio://127.0.0.1:{free_ports(1)[0]}/bench?api=http&timeout=2"
+
+
+class TestRucioWritable(WritableConformance):
+    """Writing into Rucio (``upload_rse``), a write-once catalog: each test in a scope of
+    its own, as file names are the scope's for ever."""
+
+    @pytest.fixture
+    def url(self, rucio_server) -> str:
+        scope = f"conf{uuid.uuid4().hex[:12]}"
+        with rucio_server.admin() as admin:
+            admin.post(f"/scopes/root/{scope}").raise_for_status()
+        return f"rucio:///{scope}?upload_rse=DAV&schemes=http"
+
+    @pytest.fixture
+    def secrets(self) -> list[str]:
+        return ["secret"]

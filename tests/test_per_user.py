@@ -139,22 +139,11 @@ def test_each_rucio_user_reads_as_its_own_account(rucio_server, users, per_user_
     assert "alicepw" not in text and "secret" not in text  # no password is ever logged
 
 
-def rucio_admin(server):
-    """The test server's REST API as its root account (an httpx client)."""
-    import httpx
-
-    host = server.env["RUCIO_HOST"]
-    answer = httpx.get(host + "/auth/userpass", headers={
-        "X-Rucio-Account": "root", "X-Rucio-Username": "ddmlab", "X-Rucio-Password": "secret"})
-    return httpx.Client(base_url=host, timeout=30, headers={
-        "X-Rucio-Auth-Token": answer.headers["X-Rucio-Auth-Token"]})
-
-
 def test_each_rucio_user_writes_into_its_own_scopes_only(rucio_server, users, per_user_mount):
     """Two accounts without privileges (alice, bob), each with a scope of its own, write
     through one writable per-user mount: each makes a dataset and uploads into its own
     scope as itself, and Rucio refuses each one the other's scope (EACCES)."""
-    admin = rucio_admin(rucio_server)
+    admin = rucio_server.admin()
     # Rucio lets accounts without privileges write only to a *SCRATCHDISK (or USERDISK): one
     # on the test storage.
     rse = "USERS-SCRATCHDISK"

@@ -82,6 +82,8 @@ V = TypeVar("V")
 #: DID names the server's generic schema accepts.
 NAME_PATTERN = re.compile(r"^[/A-Za-z0-9][/A-Za-z0-9.\-_]*$")
 NAME_MAX = 250
+#: The longest name a POSIX file system behind a storage keeps (NAME_MAX of Linux).
+STORAGE_NAME_MAX = 255
 #: Collection types files and datasets may be made in.
 FILE_PARENTS = frozenset({"DATASET"})
 DATASET_PARENTS = frozenset({"SCOPE", "CONTAINER"})
@@ -650,8 +652,15 @@ def _temporary(pfn: str, tag: str) -> str:
     """The temporary name beside ``pfn`` of an upload tagged ``tag`` (``rucio upload``'s
     suffix): a file's content names it (its md5's start) where it is known before the
     upload, so a repeated upload overwrites what an interrupted one left; a streamed upload
-    gets a random tag (one interrupted midway leaves its part behind, as dark data)."""
-    return f"{pfn}.{tag}.rucio.upload"
+    gets a random tag (one interrupted midway leaves its part behind, as dark data).
+
+    Where the suffix would make the last component longer than a POSIX storage allows
+    (NAME_MAX: Rucio names reach 250 bytes), that component is replaced by a digest of it."""
+    suffix = f".{tag}.rucio.upload"
+    directory, _, base = pfn.rpartition("/")
+    if len((base + suffix).encode()) > STORAGE_NAME_MAX:
+        base = hashlib.sha256(base.encode()).hexdigest()[:32]
+    return f"{directory}/{base}{suffix}"
 
 
 def _lifetime(settings: RucioSettings) -> int | None:

@@ -21,7 +21,11 @@ subclass the classes that apply in a pytest module and give the fixtures they as
   (a test says so), whose default ``sample`` is written by the suite itself.
 * :class:`WritableConformance`: puts, uploads in parts, odd names, and each namespace change;
   an operation whose capability is not declared must refuse with ``NotSupported`` (the core
-  never calls it, and a backend that does more than it declares is probably mistaken).
+  never calls it, and a backend that does more than it declares is probably mistaken). A
+  ``write_once`` backend (files immutable, names permanent) is held to that instead: a second
+  put of other content is ``AlreadyExists``, a rename ``CrossDevice``, an rmdir
+  ``PermissionDenied``; what its ``check_new`` refuses (a name, a directory in some kinds of
+  directory) the suite does not try.
 * :class:`BigFileConformance`: sizes past 4 GiB (give ``big_file``).
 * :class:`CutListingConformance`: a listing cut short is an error, never a shorter listing.
 * :class:`DeadServerConformance`: a dead server is ``Unavailable`` in bounded time.
@@ -143,6 +147,18 @@ async def _read_at_once(backend: Backend, handle: Any, offsets: range,
 
 def child(directory: str, name: str) -> str:
     return ("" if directory == "/" else directory) + "/" + name
+
+
+async def allows(backend: Backend, path: str, kind: Kind) -> bool:
+    """Whether ``backend.check_new`` lets a ``kind`` be made at ``path``; a refusal must be
+    a one-line error."""
+    parent = path.rpartition("/")[0] or "/"
+    try:
+        backend.check_new(path, kind, await backend.stat(parent))
+    except errors.RucioFsError as refused:
+        _one_line(refused)
+        return False
+    return True
 
 
 def _one_line(exc: BaseException) -> str:
@@ -358,17 +374,24 @@ class WritableConformance(BackendConformance):
         contents = {"empty.dat": b"", "one.dat": b"1", "small.dat": rng.randbytes(4096),
                     "medium.dat": rng.randbytes(300_000)}
 
-        async def write(backend: Backend) -> None:
+        async def write(backend: Backend) -> tuple[str, ...]:
             for name, data in contents.items():
                 await backend.put(child(scratch, name), data)
+            if not await allows(backend, child(scratch, "sub"), Kind.DIR):
+                return ()
             await backend.mkdir(child(scratch, "sub"))
+            return ("sub",)
 
-        run_with(url, write)
-        return Sample(scratch, {n: SampleFile.of(d) for n, d in contents.items()}, ("sub",))
+        subdirs = run_with(url, write)
+        return Sample(scratch, {n: SampleFile.of(d) for n, d in contents.items()}, subdirs)
 
     @staticmethod
     def _declares(url: str, capability: Capability) -> bool:
         return bool(open_backend(url).capabilities & capability)
+
+    @staticmethod
+    def _write_once(url: str) -> bool:
+        return open_backend(url).write_once
 
     def test_a_put_is_confirmed_listed_and_read_back(self, url: str, scratch: str) -> None:
         path = child(scratch, "new.dat")
@@ -381,6 +404,13 @@ class WritableConformance(BackendConformance):
             assert stored.size == len(first)
             assert "new.dat" in await listed(backend, scratch)
             assert await read_all(backend, path, await backend.stat(path)) == first
+            if backend.write_once:
+                with pytest.raises(errors.AlreadyExists) as refused:
+                    await backend.put(path, second)
+                _one_line(refused.value)
+                await backend.confirm(path, await backend.put(path, first))  # the same: ok
+                assert await read_all(backend, path, await backend.stat(path)) == first
+                return
             again = await backend.put(path, second)
             await backend.confirm(path, again)
             entry = await backend.stat(path)
@@ -398,10 +428,15 @@ class WritableConformance(BackendConformance):
             data = random.Random(7).randbytes(2 * part + 1234)
             upload = await backend.begin_upload(path)
             offsets = [0, part, 2 * part]
-            async with trio.open_nursery() as nursery:  # the core sends parts at once
-                for number, offset in enumerate(offsets, 1):
-                    end = offset + part if number < 3 else len(data)
-                    nursery.start_soon(upload.write_part, number, offset, data[offset:end])
+            parts = [(number, offset, data[offset:offset + part if number < 3 else None])
+                     for number, offset in enumerate(offsets, 1)]
+            if backend.upload_parallelism == 1:  # the core sends such parts in order
+                for number, offset, chunk in parts:
+                    await upload.write_part(number, offset, chunk)
+            else:
+                async with trio.open_nursery() as nursery:  # the core sends parts at once
+                    for number, offset, chunk in parts:
+                        nursery.start_soon(upload.write_part, number, offset, chunk)
             sent = await upload.commit(len(data))
             stored = await backend.confirm(path, sent)
             assert stored.size == len(data)
@@ -412,10 +447,20 @@ class WritableConformance(BackendConformance):
 
     def test_an_aborted_upload_leaves_the_file_as_it_was(self, url: str, scratch: str) -> None:
         """Unless the backend declares that its uploads write in place
-        (``atomic_uploads = False``): then the upload can be made again over the remains."""
+        (``atomic_uploads = False``): then the upload can be made again over the remains.
+        A ``write_once`` backend leaves no file, and the name can be written afterwards."""
         path = child(scratch, "kept.dat")
 
         async def check(backend: Backend) -> None:
+            if backend.write_once:
+                upload = await backend.begin_upload(path)
+                await upload.write_part(1, 0, b"x" * backend.upload_part_size)
+                await upload.abort()
+                with pytest.raises(errors.NotFound):
+                    await backend.stat(path)
+                await backend.confirm(path, await backend.put(path, b"after"))
+                assert await read_all(backend, path, await backend.stat(path)) == b"after"
+                return
             await backend.put(path, b"kept")
             upload = await backend.begin_upload(path)
             await upload.write_part(1, 0, b"x" * backend.upload_part_size)
@@ -429,12 +474,16 @@ class WritableConformance(BackendConformance):
         run_with(url, check)
 
     def test_odd_names_round_trip(self, url: str, scratch: str) -> None:
+        """Every odd name the backend's ``check_new`` accepts (at least one of them)."""
         async def check(backend: Backend) -> None:
-            for name in ODD_NAMES:
+            names = [name for name in ODD_NAMES
+                     if await allows(backend, child(scratch, name), Kind.FILE)]
+            assert names, "check_new refuses every odd name"
+            for name in names:
                 await backend.put(child(scratch, name), name.encode())
             entries = await listed(backend, scratch)
-            assert sorted(entries) == sorted(ODD_NAMES)
-            for name in ODD_NAMES:
+            assert sorted(entries) == sorted(names)
+            for name in names:
                 path = child(scratch, name)
                 assert await read_all(backend, path, await backend.stat(path)) == name.encode()
 
@@ -444,22 +493,32 @@ class WritableConformance(BackendConformance):
         if not self._declares(url, Capability.MKDIR):
             self._refuses(url, lambda backend: backend.mkdir(child(scratch, "d")))
             return
-        path = child(scratch, "d")
 
         async def check(backend: Backend) -> None:
+            # In the scratch directory, or beside it where directories hold no directories.
+            path = child(scratch, "d")
+            if not await allows(backend, path, Kind.DIR):
+                path = scratch + "-d"
+            parent, _, name = path.rpartition("/")
             made = await backend.mkdir(path)
             assert made.kind is Kind.DIR
             assert (await backend.stat(path)).is_dir
             assert await listed(backend, path) == {}
-            assert (await listed(backend, scratch))["d"].is_dir
+            assert (await listed(backend, parent or "/"))[name].is_dir
             await backend.put(child(path, "f"), b"f")
+            if backend.write_once:  # directories are kept
+                await backend.unlink(child(path, "f"))
+                with pytest.raises(errors.PermissionDenied):
+                    await backend.rmdir(path)
+                assert await listed(backend, path) == {}
+                return
             with pytest.raises(errors.NotEmpty):
                 await backend.rmdir(path)
             await backend.unlink(child(path, "f"))
             await backend.rmdir(path)
             with pytest.raises(errors.NotFound):
                 await backend.stat(path)
-            assert "d" not in await listed(backend, scratch)
+            assert name not in await listed(backend, parent or "/")
 
         run_with(url, check)
 
@@ -485,6 +544,13 @@ class WritableConformance(BackendConformance):
             return
 
         async def check(backend: Backend) -> None:
+            if backend.write_once:  # names are permanent: mv copies, then unlinks
+                with pytest.raises(errors.CrossDevice):
+                    await backend.rename(old, new, await backend.stat(old))
+                assert hashlib.md5(await read_all(backend, old, await backend.stat(old))
+                                   ).hexdigest() == sample.files["small.dat"].md5
+                assert (await backend.stat(new)).size == 1
+                return
             moved = await backend.rename(old, new, await backend.stat(old))
             assert (moved.name, moved.size) == ("one.dat", 4096)
             with pytest.raises(errors.NotFound):
