@@ -182,6 +182,65 @@ def test_rsync_delete_removes_what_the_source_no_longer_has(target: Target,
     assert itemized(src, dst) == []
 
 
+# -- Rucio: files in datasets, immutable ----------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_tools_that_fit_rucio_exit_0_and_the_catalog_holds_their_files(
+        mode: str, mount_fs, rucio_server, tmp_path: Path) -> None:
+    """A Rucio mount keeps files in datasets and stores each file once: `cp -a`, `cp -r`,
+    `tar x`, `shutil.copytree` and `rsync -a --inplace` of a directory of files exit 0 and
+    leave its bytes (and, for the mount's life, its times); a second `rsync` has nothing to
+    send. Plain `rsync -a` writes dot-named temporaries, which are no Rucio names: every
+    file is refused (EINVAL) and nothing is stored under a temporary name."""
+    run_id = uuid.uuid4().hex[:8]
+    src = tmp_path / f"results-{mode}-{run_id}"  # a directory copied in is a dataset
+    src.mkdir()
+    for i in range(3):
+        (src / f"{src.name}.part{i}.root").write_bytes(os.urandom(20_000 + i))
+    os.utime(src / f"{src.name}.part0.root", ns=(OLD_TIME_NS, OLD_TIME_NS))
+    mnt = mount_fs("rucio:///bench?upload_rse=DAV", "--staging-dir", str(tmp_path / "staging"),
+                   *(("--write-back", "async") if mode == "async" else ()))
+    scope = mnt.path
+
+    run("cp", "-a", src, scope)
+    run("cp", "-r", src, scope / f"{src.name}-r")
+    archive = tmp_path / "results.tar"
+    run("tar", "cf", archive, "-C", src, ".")
+    (scope / f"{src.name}-tar").mkdir()
+    run("tar", "xf", archive, "-C", scope / f"{src.name}-tar")
+    shutil.copytree(src, scope / f"{src.name}-py")
+    (scope / f"{src.name}-rsync").mkdir()
+    run("rsync", "-a", "--inplace", f"{src}/", f"{scope}/{src.name}-rsync/")
+    assert itemized(src, scope / f"{src.name}-rsync", "--inplace") == []
+
+    plain = subprocess.run(["rsync", "-a", f"{src}/", f"{scope}/{src.name}-rsync/"],
+                           capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 0  # nothing to send: the files are there
+    (src / f"{src.name}.late.root").write_bytes(b"late")
+    plain = subprocess.run(["rsync", "-a", f"{src}/", f"{scope}/{src.name}-rsync/"],
+                           capture_output=True, text=True, timeout=300)
+    assert plain.returncode == 23 and "Invalid argument" in plain.stderr, plain.stderr
+    if mode == "async":
+        settled(mnt)
+    assert not any(name.startswith(".") for name in os.listdir(scope / f"{src.name}-rsync"))
+
+    for copy in ("", "-r", "-tar", "-py", "-rsync"):
+        dataset = scope / f"{src.name}{copy}"
+        names = sorted(p.name for p in src.iterdir() if not p.name.endswith(".late.root"))
+        assert sorted(os.listdir(dataset)) == names, copy
+        for name in names:
+            assert (dataset / name).read_bytes() == (src / name).read_bytes()
+    for copy in ("", "-tar", "-py", "-rsync"):  # cp -r sets no times
+        kept = os.stat(scope / f"{src.name}{copy}" / f"{src.name}.part0.root").st_mtime_ns
+        assert kept // 10**9 == OLD_TIME_NS // 10**9, copy
+    # The same content under one name is one file, attached to each dataset.
+    with rucio_server.admin() as admin:
+        name = f"{src.name}.part1.root"
+        parents = admin.get(f"/dids/bench/{name}/parents").text
+        assert all(f"{src.name}{copy}\"" in parents for copy in ("", "-r", "-tar", "-py"))
+
+
 # -- cp, tar, Python ------------------------------------------------------------------------
 
 

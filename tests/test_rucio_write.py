@@ -400,6 +400,30 @@ def test_writing_needs_an_upload_rse(mount_fs, rucio_server):
 
 # -- group commit (in-process) -----------------------------------------------------------------
 
+def test_one_file_written_into_several_datasets_at_once_is_one_file_in_each(rucio_server):
+    """`cp` of the same results into several datasets with async write-back: uploads of
+    one name and content meet in one registration; the file is stored once and attached to
+    every dataset (a DID twice in one request was a database error on the server)."""
+    from rucio_fs.testing.conformance import run_with
+
+    datasets = [unique("same-file") for _ in range(8)]
+    name, data = f"{datasets[0]}.shared.dat", b"the same bytes\n"
+
+    async def write(backend) -> None:
+        for dataset in datasets:
+            await backend.mkdir(f"/{dataset}")
+        async with trio.open_nursery() as nursery:
+            for dataset in datasets:
+                nursery.start_soon(backend.put, f"/{dataset}/{name}", data)
+        assert backend.uploads._claims.calls < len(datasets)  # some went together
+
+    run_with("rucio:///bench?upload_rse=DAV&schemes=http", write)
+    catalog = Catalog(rucio_server)
+    for dataset in datasets:
+        assert consistent(rucio_server, catalog, "bench", name, dataset, "DAV",
+                          data) == "stored"
+
+
 def test_uploads_at_the_same_time_share_each_catalog_request():
     """Items arriving while a call is on its way go together in the next one; a call's
     failure per item fails that item only, and an error of the call fails its whole batch."""

@@ -271,7 +271,9 @@ class Uploads:
         catalog holds their size and checksums: registering a file that exists changes
         nothing, so the name is ours only if it does (an earlier try, or the same content).
         Another file under the name: AlreadyExists, and its bytes are left alone."""
-        records = [dict(f.record(), state="C") for f in files]
+        # One record per DID: the same file written into several datasets at once is one
+        # registration (a DID twice in one request is a database error on the server).
+        records = list({f.did: dict(f.record(), state="C") for f in reversed(files)}.values())
         await self.api.request("POST", "/replicas", expect=(201,),
                                json={"rse": self.rse, "ignore_availability": True,
                                      "files": records},
@@ -297,8 +299,8 @@ class Uploads:
         answer of success may not mean it, and a file is attached only once AVAILABLE."""
         await self.api.request("PUT", "/replicas", expect=(200,),
                                json={"rse": self.rse, "files": [
-                                   {"scope": f.did.scope, "name": f.did.name, "state": "A"}
-                                   for f in files]},
+                                   {"scope": did.scope, "name": did.name, "state": "A"}
+                                   for did in dict.fromkeys(f.did for f in files)]},
                                what=f"replicas of {_files(files)} made available")
         held = await self._replicas([f.did for f in files], all_states=False)
         failures: dict[_File, RucioFsError] = {}
