@@ -7,8 +7,8 @@ uploads and their confirmation, ``statfs``, xattrs — bounded, counted and time
 metadata, listing and xattr layers live here; file data lives in :attr:`Catalog.data_path`
 (:mod:`rucio_fs.datapath`), whose backend reads come through :meth:`Catalog._read_exact`.
 Files whose content this mount holds and the backend may not (written, not yet uploaded) are
-overlaid on what the backend says: their owner, :class:`~rucio_fs.writeback.WriteBack`, is the
-catalog's :class:`Overlay`. Paths are catalog paths (see :mod:`rucio_fs.backend`).
+overlaid on what the backend says: their owner, the write-back, is the catalog's
+:class:`Overlay`. Paths are catalog paths (see :mod:`rucio_fs.backend`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -53,9 +53,6 @@ from .errors import (
 from .redis_client import Redis, RedisAddress
 from .shared import SharedTier, Sink
 from .stats import Stats
-
-if TYPE_CHECKING:
-    from .writeback import WriteBack
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +91,9 @@ class Overlay(Protocol):
         """Whether everything in ``directory`` is local: it was made here and its creation
         never sent, so the server holds nothing in it and no other client can name it."""
 
+    def queued_attributes(self, path: str) -> Attributes:
+        """The attributes of ``path`` that a change queued and not yet being stored sets."""
+
 
 class _NoOverlay:
     def entry(self, path: str) -> Entry | None:
@@ -110,6 +110,9 @@ class _NoOverlay:
 
     def holds_all_of(self, directory: str) -> bool:
         return False
+
+    def queued_attributes(self, path: str) -> Attributes:
+        return NO_ATTRIBUTES
 
 
 @dataclass(eq=False, slots=True)
@@ -208,8 +211,6 @@ class Catalog:
         self.data_path = DataPath(config, stats, self.calls, self._read_exact, disk)
         #: Files with local content (set by the write-back of a writable mount).
         self.overlay: Overlay = _NoOverlay()
-        #: The write-back uploading through this catalog (a writable mount), else None.
-        self.writeback: WriteBack | None = None
         #: Whether names are created through this mount (set with the write-back): then a
         #: lookup miss makes the next uncached lookups list their directory (see :meth:`stat`).
         self.makes_names = False
@@ -675,8 +676,7 @@ class Catalog:
         is its own again, what it could not is kept here (:meth:`keep`). A change of the
         same attribute queued since (async write-back) is what the mount shows meanwhile: a
         queued ``mkdir``'s mode never hides a ``chmod`` made after it."""
-        if self.writeback is not None:
-            wanted = wanted.besides(self.writeback.queued_attributes(path))
+        wanted = wanted.besides(self.overlay.queued_attributes(path))
         self._unkeep(path, wanted)
         self.keep(path, wanted.missing_from(entry))
 

@@ -164,6 +164,11 @@ class _FileHandle:
     catalog: Catalog | None = None
 
 
+def _writeback_of(catalog: Catalog) -> WriteBack | None:
+    """The write-back serving ``catalog`` (it is the catalog's overlay), if any."""
+    return catalog.overlay if isinstance(catalog.overlay, WriteBack) else None
+
+
 def _removed(node: Inode) -> bool:
     """Whether ``node``'s name was removed (or replaced) through the mount while the kernel
     still holds the inode (an open file): its path names no longer this file."""
@@ -258,7 +263,7 @@ class RucioFs(pyfuse3.Operations):
     def writes(self) -> WriteBack | None:
         """The write-back serving this request: the mount's, or on a per-user mount the
         caller's own (pending files of one user are never another's)."""
-        return self._writes if self.identities is None else self.catalog.writeback
+        return self._writes if self.identities is None else _writeback_of(self.catalog)
 
     def attach(self, writeback: WriteBack) -> None:
         """Have ``writeback`` tell this mount when its uploads land and when it is busy."""
@@ -270,8 +275,8 @@ class RucioFs(pyfuse3.Operations):
         """Every write-back of the mount (a per-user mount: one per user)."""
         if self.identities is None:
             return [self._writes] if self._writes is not None else []
-        return list({id(c.writeback): c.writeback for c in self.identities.catalogs()
-                     if c.writeback is not None}.values())
+        found = (_writeback_of(c) for c in self.identities.catalogs())
+        return list({id(w): w for w in found if w is not None}.values())
 
     @property
     def catalog(self) -> Catalog:

@@ -11,16 +11,15 @@ daemon never holds more than the data cache plus that budget.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
 from .backend import Entry, content_version
 from .background import start_guarded
+from .config import MountConfig
 from .errors import RucioFsError
-
-if TYPE_CHECKING:
-    from .datapath import DataPath
+from .stats import Stats
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +27,26 @@ log = logging.getLogger(__name__)
 MAX_BLOCKS_PER_REQUEST = 8
 
 
+class BlockSource(Protocol):
+    """Where read-ahead puts blocks (:class:`~rucio_fs.datapath.DataPath`)."""
+
+    config: MountConfig
+    stats: Stats
+
+    def block_state(self, path: str, version: str, index: int) -> str:
+        """``"memory"``, ``"coming"``, ``"disk"`` or ``"missing"``."""
+
+    async def load_from_disk(self, path: str, version: str, entry: Entry, handle: Any,
+                             index: int) -> bytes:
+        """Block ``index`` from the disk layer into the data layer."""
+
+    async def prefetch_blocks(self, path: str, version: str, entry: Entry, handle: Any,
+                              first: int, count: int) -> None:
+        """Blocks ``first .. first+count-1`` into the data layer with one ranged read."""
+
+
 class Prefetcher:
-    def __init__(self, data_path: DataPath, path: str, entry: Entry, handle: Any,
+    def __init__(self, data_path: BlockSource, path: str, entry: Entry, handle: Any,
                  nursery: trio.Nursery, budget: trio.Semaphore, max_blocks: int) -> None:
         self.data_path = data_path
         self.path = path

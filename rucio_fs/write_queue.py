@@ -61,17 +61,15 @@ import operator
 from collections import Counter
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
 from .backend import Attributes, Kind
 from .background import report_failure, survive
+from .catalog import Catalog
 from .errors import AlreadyExists, NotFound, RucioFsError, Unavailable
 from .journal import ancestors, overlaps
-
-if TYPE_CHECKING:
-    from .writeback import DirtyFile, WriteBack
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +105,30 @@ class QueueFull(RucioFsError):
     errno = errno.ENOBUFS
 
 
+class Staged(Protocol):
+    """The staged content an upload op carries (:class:`~rucio_fs.writeback.DirtyFile`)."""
+
+    size: int
+    #: The last failure of its upload that no ``close`` or ``fsync`` has reported yet.
+    unreported: str
+
+    def park(self) -> None:
+        """Let go of the file descriptor until the next try."""
+
+
+class Owner(Protocol):
+    """What carries the queue's ops out and learns their ends
+    (:class:`~rucio_fs.writeback.WriteBack`)."""
+
+    catalog: Catalog
+
+    async def carry_out(self, op: Op) -> None:
+        """One try of a single op (not a removal); raises what failed."""
+
+    def op_done(self, op: Op, dropped: RucioFsError | None) -> None:
+        """``op`` left the queue: carried out, or dropped with the error ``dropped``."""
+
+
 @dataclass(eq=False, slots=True)
 class Op:
     """One queued change: its journal number, what it does, and how its tries went."""
@@ -115,7 +137,7 @@ class Op:
     n: int
     kind: str
     path: str
-    dirty: DirtyFile | None = None
+    dirty: Staged | None = None
     #: What an ``attrs`` op stores.
     attributes: Attributes | None = None
     #: The queue's own key of the op (fixed), and the staged bytes it had when queued.
@@ -143,7 +165,7 @@ class Op:
 class WriteQueue:
     """The ops of one mount, in the order they were promised."""
 
-    def __init__(self, writeback: WriteBack, parallelism: int, remove_batch_max: int) -> None:
+    def __init__(self, writeback: Owner, parallelism: int, remove_batch_max: int) -> None:
         self.wb = writeback
         self.parallelism = parallelism
         self.remove_batch_max = max(1, remove_batch_max)

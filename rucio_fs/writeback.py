@@ -44,7 +44,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
@@ -54,13 +54,10 @@ from .arena import SLOT_BYTES, Arena, read_slot
 from .backend import NO_ATTRIBUTES, Attributes, Entry, Kind, Upload
 from .background import start_guarded, survive
 from .budget import ByteBudget, Shares
-from .catalog import split_path
+from .catalog import Catalog, split_path
 from .errors import RucioFsError, Unavailable
 from .journal import Journal, read_exactly
 from .write_queue import Op, WriteQueue
-
-if TYPE_CHECKING:
-    from .catalog import Catalog
 
 log = logging.getLogger(__name__)
 
@@ -692,7 +689,6 @@ class WriteBack:
         """
         self.catalog = catalog
         catalog.overlay = self
-        catalog.writeback = self
         catalog.makes_names = True
 
     def spawn(self, fn, *args) -> None:  # type: ignore[no-untyped-def]

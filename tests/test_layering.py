@@ -54,3 +54,58 @@ def test_backends_use_only_the_plugin_api():
             module = node.module if isinstance(node, ast.ImportFrom) else None
             if module and module.startswith("rucio_fs.") and ".backends" not in module:
                 assert module in PLUGIN_API, f"{path}: imports {module}"
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed package by dotted name (``backends/`` installs as
+    ``rucio_fs.backends``)."""
+    found = {}
+    for root, package in ((REPO / "rucio_fs", "rucio_fs"),
+                          (REPO / "backends", "rucio_fs.backends")):
+        for path in root.rglob("*.py"):
+            parts = [p for p in path.relative_to(root).with_suffix("").parts if p != "__init__"]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of the package ``name`` imports anywhere (typing-only imports too)."""
+    found = set()
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".")
+                keep = len(base) - node.level + (path.name == "__init__.py")
+                module = ".".join(base[:keep] + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def test_no_import_circles():
+    """A lower module that needs something of a higher one owns a Protocol (or takes a
+    callback) instead of importing it: every import points down."""
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    circles = []
+    state: dict[str, str] = {}  # "open" while on the path, "done" after
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if state.get(target) == "open":
+                circles.append(" -> ".join([*path[path.index(target):], target]))
+            elif target not in state:
+                visit(target, [*path, target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not circles, "import circles:\n" + "\n".join(circles)

@@ -10,10 +10,8 @@ Any DID can also be reached by path without being listed: ``/SCOPE/NAME``. Below
 exists exactly when each DID in it is attached to the one before: ``/SCOPE/DS/F`` is checked
 with ``F``'s parents (one small request, however large ``DS`` is), never by listing ``DS``.
 
-Names. A child in its parent's scope appears under its name; a child from another scope as
-``scope:name``. Rucio allows ``/`` in names (CMS LFNs start with one), so in a path component
-``%``, ``/`` and ``:`` appear as ``%25``, ``%2F`` and ``%3A``: every path names exactly one
-DID and every DID has exactly one path under a given parent.
+Names: a child from another scope appears as ``scope:name``, and ``%``, ``/`` and ``:`` in a
+name are escaped (:mod:`.names`).
 
 Costs. A directory listing is one content request (``GET /dids/S/N/dids``), which already
 carries bytes, adler32 and md5 of every file: no per-file stat, no replica lookup (only a DID
@@ -37,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -83,6 +80,7 @@ from rucio_fs.tasks import open_nursery
 
 from .auth import RucioAuth, default_token_file, describe
 from .layout import pfn_url
+from .names import Did, component_for, did_for
 from .settings import (
     CREDENTIAL_ENV,
     MAX_DIDS_PER_REQUEST,
@@ -109,41 +107,6 @@ FIRST_SIBLING_BATCH = 16
 STARTED_NS = time.time_ns()
 #: Most file names of one collection remembered from its listing, for sibling batches.
 MAX_SIBLINGS = 100_000
-
-_ESCAPES = {"%": "%25", "/": "%2F", ":": "%3A"}
-_ESCAPE_TABLE = str.maketrans(_ESCAPES)
-_UNESCAPES = {v: k for k, v in _ESCAPES.items()}
-_BAD_ESCAPE = re.compile(r"%(?!25|2F|3A)")
-
-
-class Did(NamedTuple):
-    scope: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.scope}:{self.name}"
-
-    def url(self) -> str:
-        return f"/dids/{quote(self.scope, safe='')}/{quote(self.name, safe='')}"
-
-
-def component_for(did: Did, parent_scope: str) -> str:
-    """The path component naming ``did`` inside a directory of ``parent_scope``."""
-    name = did.name
-    if "%" in name or "/" in name or ":" in name:
-        name = name.translate(_ESCAPE_TABLE)
-    return name if did.scope == parent_scope else f"{did.scope}:{name}"
-
-
-def did_for(component: str, parent_scope: str) -> Did:
-    """The DID a path component names (the inverse of :func:`component_for`)."""
-    scope, sep, name = component.partition(":")
-    if not sep:
-        scope, name = parent_scope, component
-    if not scope or not name or _BAD_ESCAPE.search(name):
-        raise NotFound(component)
-    return Did(scope, re.sub(r"%(25|2F|3A)", lambda m: _UNESCAPES[m.group(0)], name))
-
 
 def _did_type(info: Mapping[str, Any]) -> str:
     """The type (``FILE``, ``DATASET``, ``CONTAINER`` …) a DID's description gives."""

@@ -48,7 +48,7 @@ import secrets
 import ssl
 import zlib
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote, urlsplit
 
 import trio
@@ -69,10 +69,8 @@ from rucio_fs.errors import (
 from rucio_fs.http import ApiClient, StreamedPut
 
 from .layout import pfn_url
+from .names import Did
 from .settings import RucioSettings
-
-if TYPE_CHECKING:
-    from .backend import Did
 
 log = logging.getLogger(__name__)
 
@@ -627,7 +625,6 @@ def _files(files: list[_File]) -> str:
 
 
 def _did_of(line: Mapping[str, Any]) -> Did:
-    from .backend import Did
     return Did(str(line.get("scope", "")), str(line.get("name", "")))
 
 

@@ -7,19 +7,18 @@ import base64
 import hashlib
 import logging
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
+import httpx
 import trio
 
 from rucio_fs.backend import Entry, Kind, Upload
 from rucio_fs.errors import RucioFsError, Unavailable
 
-from .metadata import StoredAttributes
+from .metadata import AttributeMemo, StoredAttributes
 from .pages import result
-
-if TYPE_CHECKING:
-    from .backend import S3Backend
+from .settings import S3Settings
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +50,27 @@ def multipart_etag(part_digests: list[bytes]) -> str:
 
 
 
+class Bucket(Protocol):
+    """What an upload needs of the backend that began it (:class:`~.backend.S3Backend`)."""
+
+    settings: S3Settings
+    memo: AttributeMemo
+
+    def _url_path(self, key: str) -> str: ...
+
+    def _query(self, params: Mapping[str, str]) -> str: ...
+
+    async def _request(self, method: str, path: str, *, expect: Sequence[int] = (200,),
+                       what: str, **kwargs: Any) -> httpx.Response: ...
+
+    def _predicted(self, predicted: str, answered: str, key: str) -> str: ...
+
+
 class MultipartUpload(Upload):
     """One multipart upload of ``key``, created with the metadata of ``stored`` (the
     attributes the committed entry shows and the backend then remembers)."""
 
-    def __init__(self, backend: S3Backend, key: str, upload_id: str, name: str,
+    def __init__(self, backend: Bucket, key: str, upload_id: str, name: str,
                  stored: StoredAttributes | None = None) -> None:
         self.backend = backend
         self.key = key
