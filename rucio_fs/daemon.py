@@ -114,7 +114,9 @@ def check_mountpoint(mountpoint: str) -> str:
     if not os.path.exists("/dev/fuse"):
         raise InvalidInput("/dev/fuse is missing (load the fuse module or pass --device /dev/fuse)")
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        raise InvalidInput("no permission to open /dev/fuse")
+        # fusermount3, which mounts for users, opens the device as the user too.
+        raise InvalidInput("no permission to open /dev/fuse: mounting without root needs it "
+                           "readable and writable by all (mode 0666, as distributions ship it)")
     return path
 
 
