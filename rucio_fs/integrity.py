@@ -21,15 +21,12 @@ import hashlib
 import zlib
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
 from .background import start_guarded
 from .errors import IntegrityError
-
-if TYPE_CHECKING:
-    from .inodes import Inode
 
 #: Checksum names as catalogs spell them, in order of preference (cheapest first).
 ALGORITHMS = ("adler32", "md5", "sha256", "sha512", "sha1")
@@ -202,6 +199,16 @@ def verifier_for(path: str, size: int, checksums: Mapping[str, str], version: st
     return None
 
 
+class Verified(Protocol):
+    """What verification keeps on a file's inode (:class:`~rucio_fs.fuse.inodes.Inode`)."""
+
+    path: str
+    #: The pass readers of the file feed now, if any.
+    verifier: StreamVerifier | None
+    #: The version a complete pass verified.
+    verified_version: str | None
+
+
 class Verification:
     """The verification of one mount: which reads feed which verifier, and what is verified.
 
@@ -217,7 +224,7 @@ class Verification:
         self.reorder_bytes = reorder_bytes
         self.events = events
 
-    def join(self, node: Inode, checksums: Mapping[str, str], size: int, version: str,
+    def join(self, node: Verified, checksums: Mapping[str, str], size: int, version: str,
              nursery: trio.Nursery | None) -> StreamVerifier | None:
         """The verifier a new reader of ``version`` of ``node`` feeds, hashing in
         ``nursery`` (None: nothing to verify, already verified, or nowhere to hash)."""
@@ -233,7 +240,7 @@ class Verification:
         verifier.users += 1
         return verifier
 
-    async def feed(self, node: Inode, verifier: StreamVerifier, offset: int,
+    async def feed(self, node: Verified, verifier: StreamVerifier, offset: int,
                    data: bytes | memoryview,
                    read: Callable[[int, int], Awaitable[bytes | memoryview]]) -> None:
         """Bytes a reader got; IntegrityError when they complete a pass that did not match.
@@ -245,7 +252,7 @@ class Verification:
         if verifier.state == "verified":
             node.verified_version = verifier.version
 
-    async def leave(self, node: Inode, verifier: StreamVerifier) -> None:
+    async def leave(self, node: Verified, verifier: StreamVerifier) -> None:
         """A reader is gone; after the last, settle the pass and count its verdict."""
         verifier.users -= 1
         if verifier.users:
