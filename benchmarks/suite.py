@@ -76,7 +76,7 @@ from common import (
     tmpfs_twin,
 )
 
-from rucio_fs import control
+from rucio_fs.observe import control
 from rucio_fs.testing import irods_fake
 from rucio_fs.testing.mount import RUCIO_FS
 

@@ -1,3 +1,3 @@
-from .cli import main
+from rucio_fs.cli.commands import main
 
 main()

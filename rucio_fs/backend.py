@@ -40,8 +40,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from .errors import NotFound, NotSupported, RucioFsError, Unconfirmed
-from .identity import CallerCredentials
+from rucio_fs.errors import NotFound, NotSupported, RucioFsError, Unconfirmed
+from rucio_fs.identity import CallerCredentials
 
 
 class Kind(enum.Enum):

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 from urllib.parse import urlsplit
 
-from .errors import InvalidInput
-from .options import without_password
+from rucio_fs.errors import InvalidInput
+from rucio_fs.options import without_password
 
 #: The cache layers, as ``cache drop --layer`` and ``stats`` name them.
 LAYERS = ("kernel", "metadata", "listing", "data", "disk", "shared")
@@ -18,7 +18,7 @@ LAYERS = ("kernel", "metadata", "listing", "data", "disk", "shared")
 def _option(flag: str, help: str = "", kind: str = "", *aliases: str) -> dict[str, Any]:
     """The ``mount`` option of a field (``kind``: ``flag`` (the option turns the field off),
     ``duration``, ``size``, ``count``, ``path``, ``text``; a field of a cache layer switch is
-    turned off by ``--cold`` too). ``rucio_fs.cli`` makes the options from these."""
+    turned off by ``--cold`` too). ``rucio_fs.cli.commands`` makes the options from these."""
     return {"option": (flag, *aliases), "help": help, "kind": kind}
 
 
@@ -104,7 +104,7 @@ class MountConfig:
     #: Where files being written are staged (default: ``staging/`` in the cache directory,
     #: else ``rucio-fs-<uid>/staging`` in the temporary directory).
     #: The shared tier (off unless given): listings, stats and negative entries in Redis,
-    #: shared by every mount of the same catalog identity (see rucio_fs.shared).
+    #: shared by every mount of the same catalog identity (see rucio_fs.catalog.shared).
     shared_cache: str = field(default="", metadata=_option(
         "--shared-cache", "Share listings and stats with other mounts through Redis: "
         "redis://[user:pass@]HOST:PORT/DB (rediss:// for TLS). Off by default.", "text"))
@@ -174,7 +174,7 @@ class MountConfig:
             if getattr(self, name) < 0:
                 raise InvalidInput(f"{name.replace('_', '-')} must not be negative")
         if self.shared_cache:
-            from .redis_client import RedisAddress  # trio and hiredis: only when asked
+            from rucio_fs.redis_client import RedisAddress  # trio and hiredis: only when asked
 
             RedisAddress.parse(self.shared_cache)
         if self.data_proxy:

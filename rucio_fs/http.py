@@ -49,7 +49,7 @@ from urllib.parse import quote, unquote, urlsplit
 import httpx
 import trio
 
-from .errors import (
+from rucio_fs.errors import (
     AlreadyExists,
     BadRequestTarget,
     NotFound,

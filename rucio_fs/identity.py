@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import NotFound, PermissionDenied
+from rucio_fs.errors import NotFound, PermissionDenied
 
 #: The largest credential file read (a proxy with its chain is a few KiB).
 MAX_CREDENTIAL_BYTES = 1 << 20

@@ -30,8 +30,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import hiredis
 import trio
 
-from .errors import InvalidInput
-from .options import without_password
+from rucio_fs.errors import InvalidInput
+from rucio_fs.options import without_password
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint, entry_points
 from urllib.parse import urlsplit
 
-from .backend import Backend
-from .errors import InvalidInput
+from rucio_fs.backend import Backend
+from rucio_fs.errors import InvalidInput
 
 GROUP = "rucio_fs.backends"
 

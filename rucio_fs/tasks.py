@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import trio
 
-from .errors import RucioFsError
+from rucio_fs.errors import RucioFsError
 
 if sys.version_info < (3, 11):  # pragma: no cover - the builtin from 3.11 on
     from exceptiongroup import BaseExceptionGroup

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from rucio_fs import journal as journals
-from rucio_fs.arena import read_slot
-from rucio_fs.daemon import process_running
-from rucio_fs.mounts import FSTYPE, find_mount
+from rucio_fs.cli.daemon import process_running
+from rucio_fs.observe.mounts import FSTYPE, find_mount
 from rucio_fs.testing import irods_fake
 from rucio_fs.testing.mount import RUCIO_FS, Mount
+from rucio_fs.write import journal as journals
+from rucio_fs.write.arena import read_slot
 
 #: The example plugin's own tests run where it is installed (tests/test_plugin.py).
 collect_ignore = ["plugin_example"]

@@ -16,15 +16,15 @@ from typing import Any, ClassVar
 import pyfuse3
 import trio
 
-from rucio_fs import fs as fs_module
 from rucio_fs.backend import Backend, Entry, Kind
-from rucio_fs.catalog import Catalog
+from rucio_fs.cache.disk_cache import DiskCache
+from rucio_fs.catalog.catalog import Catalog
 from rucio_fs.config import MountConfig
-from rucio_fs.disk_cache import DiskCache
 from rucio_fs.errors import NotADirectory, NotFound
-from rucio_fs.fs import RucioFs
-from rucio_fs.inodes import ROOT_INO
-from rucio_fs.stats import Stats
+from rucio_fs.fuse import fs as fs_module
+from rucio_fs.fuse.fs import RucioFs
+from rucio_fs.fuse.inodes import ROOT_INO
+from rucio_fs.observe.stats import Stats
 
 
 @dataclass

@@ -168,7 +168,7 @@ def test_equal_entries_of_two_users_listings_become_one_object_and_only_equal_on
     when every field is equal — a user is never shown a value its own catalog did not give
     (here: other checksums, other metadata, another size)."""
     from rucio_fs.backend import Entry, Kind
-    from rucio_fs.caches import EqualEntries
+    from rucio_fs.cache.caches import EqualEntries
 
     equal = EqualEntries(max_entries=2)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import RUCIO_FS, run_cli, wait_for
 
-from rucio_fs import control
-from rucio_fs.daemon import process_running
-from rucio_fs.mounts import find_mount, read_mounts
+from rucio_fs.cli.daemon import process_running
+from rucio_fs.observe import control
+from rucio_fs.observe.mounts import find_mount, read_mounts
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess[str], *needles: str) -> None:
@@ -131,7 +131,8 @@ def test_backend_faults_become_errno_and_one_log_line(mount_fs):
     assert not any(set(e) - {"EIO"} for e in listing_errors)
     failed_reads = errors["read"]["errors"]["EIO"]
     assert len(log) == 1 + 1 + 1 + failed_reads  # "mounted", open, the listing, reads
-    assert sum("WARNING rucio_fs.fs: open failed: demo: permission denied" in x for x in log) == 1
+    denied = "WARNING rucio_fs.fuse.fs: open failed: demo: permission denied"
+    assert sum(denied in x for x in log) == 1
     assert sum("dir failed: demo: listing stream broken" in x for x in log) == 1
     unavailable = sum("read failed: demo: storage unavailable (injected)" in x for x in log)
     crashed = sum("read failed: backend read failed unexpectedly: RuntimeError('demo: "

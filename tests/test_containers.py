@@ -27,8 +27,8 @@ import pytest
 import yaml
 from conftest import REPO, free_ports, wait_for
 
-from rucio_fs.daemon import process_running
-from rucio_fs.mounts import find_mount
+from rucio_fs.cli.daemon import process_running
+from rucio_fs.observe.mounts import find_mount
 
 CONTAINERS = REPO / "containers"
 COMPOSE_FILES = sorted(CONTAINERS.glob("**/compose.yaml"))

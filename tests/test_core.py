@@ -1,5 +1,5 @@
-"""The core without a kernel: the one door (:class:`~rucio_fs.catalog.Catalog`) over scripted
-backends and the memory reference backend, in-process. Every backend call is bounded,
+"""The core without a kernel: the one door (:class:`~rucio_fs.catalog.catalog.Catalog`) over
+scripted backends and the memory reference backend, in-process. Every backend call is bounded,
 counted and shared; a listing is complete or an error; a change made through the mount is
 known to the caches without asking the backend again."""
 
@@ -15,12 +15,12 @@ from model_kernel import ScriptedBackend, ScriptedFile
 from trio.testing import MockClock
 
 from rucio_fs.backend import Entry, Kind
-from rucio_fs.catalog import LOOKUP_LISTING_MAX, Catalog
+from rucio_fs.catalog.catalog import LOOKUP_LISTING_MAX, Catalog
 from rucio_fs.config import MountConfig
 from rucio_fs.errors import IntegrityError, NotFound, Unavailable
 from rucio_fs.http import TokenAuth
+from rucio_fs.observe.stats import Stats
 from rucio_fs.registry import open_backend
-from rucio_fs.stats import Stats
 
 
 def catalog_of(backend, makes_names: bool = False, **config) -> Catalog:

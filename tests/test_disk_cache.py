@@ -11,8 +11,8 @@ from pathlib import Path
 from conftest import run_cli
 from rucio_fs.backends.demo.content import big_file_range
 
-from rucio_fs.disk_cache import HEADER, DiskCache
-from rucio_fs.stats import Stats
+from rucio_fs.cache.disk_cache import HEADER, DiskCache
+from rucio_fs.observe.stats import Stats
 
 BIG = "big/frame-4509715660.gwf"
 MiB = 1 << 20

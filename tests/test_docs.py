@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 from conftest import REPO, find_mount
 
-from rucio_fs.cli import cli
+from rucio_fs.cli.commands import cli
 
 DOCS = sorted([REPO / "README.md", REPO / "benchmarks" / "README.md",
                *(REPO / "docs").rglob("*.md")])

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, wait_for
 
-from rucio_fs import control
-from rucio_fs.daemon import process_running
-from rucio_fs.mounts import find_mount
+from rucio_fs.cli.daemon import process_running
+from rucio_fs.observe import control
+from rucio_fs.observe.mounts import find_mount
 
 HELPER = Path("/usr/local/bin/rucio-fs")
 

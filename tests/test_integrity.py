@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from model_kernel import ModelKernel, ScriptedBackend, ScriptedFile, patch_invalidation, start_mount
 
-from rucio_fs import integrity
 from rucio_fs.config import MountConfig
+from rucio_fs.data import integrity
 
 PAGE = 16 << 10
 PAGES = 12

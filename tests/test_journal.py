@@ -1,11 +1,11 @@
-"""The journal's replay rules (:mod:`rucio_fs.journal`), in-process: what a next mount takes
+"""The journal's replay rules (:mod:`rucio_fs.write.journal`), in-process: what a next mount takes
 over from a journal a daemon left behind."""
 
 from __future__ import annotations
 
 import os
 
-from rucio_fs import journal
+from rucio_fs.write import journal
 
 
 def left_behind(tmp_path, build) -> list[dict]:

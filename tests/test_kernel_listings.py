@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 
-from rucio_fs.fs import KERNEL_LISTINGS
+from rucio_fs.fuse.fs import KERNEL_LISTINGS
 
 
 def readdirs(m) -> int:

@@ -103,7 +103,7 @@ def test_statfs(mount_fs):
 
 
 def test_kernel_read_ahead_is_raised_and_reported(mount_fs):
-    from rucio_fs.mounts import find_mount
+    from rucio_fs.observe.mounts import find_mount
 
     raised = mount_fs()
     minor = find_mount(str(raised.path)).minor

@@ -23,7 +23,7 @@ import pytest
 from conftest import RUCIO_FS, adler32, run_cli, wait_for
 from fault_proxy import fault_proxy
 
-from rucio_fs.mounts import find_mount
+from rucio_fs.observe.mounts import find_mount
 
 USERS = ("rfs-pu-a", "rfs-pu-b", "rfs-pu-c", "rfs-pu-d", "rfs-pu-e")
 
@@ -311,7 +311,7 @@ def test_a_bad_identity_map_is_one_line(rucio_server, tmp_path, content, mode, m
 
 def test_an_identity_map_is_read_again_and_a_broken_change_kept_out(tmp_path):
     from rucio_fs.errors import InvalidInput
-    from rucio_fs.identity_map import IdentityMap
+    from rucio_fs.users.identity_map import IdentityMap
 
     path = tmp_path / "identities"
     path.write_text("root  RUCIO_ACCOUNT=ops  X509_USER_PROXY=/proxies/{user}-{uid}\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from rucio_fs.mounts import find_mount
+from rucio_fs.observe.mounts import find_mount
 
 PLUGIN = Path(__file__).parent / "plugin_example"
 

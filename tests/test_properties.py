@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from rucio_fs.backend import Entry, Kind
-from rucio_fs.caches import CacheLayer, Listing, byte_cache, ttl_cache
+from rucio_fs.cache.caches import CacheLayer, Listing, byte_cache, ttl_cache
+from rucio_fs.cache.singleflight import SingleFlight
 from rucio_fs.errors import InvalidInput, Unavailable
-from rucio_fs.inodes import ROOT_INO, InodeTable
+from rucio_fs.fuse.inodes import ROOT_INO, InodeTable
+from rucio_fs.observe.stats import N_BINS, Log2Histogram, Stats, quantile
 from rucio_fs.options import parse_duration, parse_size
-from rucio_fs.singleflight import SingleFlight
-from rucio_fs.stats import N_BINS, Log2Histogram, Stats, quantile
 
 NAMES = st.sampled_from(["a", "b", "c", "d"])
 KINDS = st.sampled_from([Kind.FILE, Kind.DIR])
@@ -186,8 +186,8 @@ def test_single_flight_shares_one_call(callers, enabled, fail):
 def test_stream_verifier_any_read_order(content, data, corrupt):
     import zlib
 
+    from rucio_fs.data.integrity import verifier_for
     from rucio_fs.errors import IntegrityError
-    from rucio_fs.integrity import verifier_for
 
     expected = f"{zlib.adler32(content):08x}"
     served = bytearray(content)
@@ -297,7 +297,7 @@ PATHS = st.sampled_from(["/a", "/b", "/a/x", "/a/y", "/a/x/z", "/b/x"])
 def test_write_back_files_by_directory_match_a_scan(steps):
     """The write-back's per-directory index of local files says what a scan of every path
     says, after any sequence of adds, removals and clears."""
-    from rucio_fs.writeback import FilesByPath
+    from rucio_fs.write.writeback import FilesByPath
 
     files, plain = FilesByPath(), {}
     for i, (op, path) in enumerate(steps):

@@ -7,7 +7,7 @@
 * Redis down, slow, full or killed never fails or hangs a mount, and shared again once back;
 * identities never see each other's entries; nothing secret is written.
 
-In-process tests run the real :class:`~rucio_fs.catalog.Catalog` over real Redis; the rest
+In-process tests run the real :class:`~rucio_fs.catalog.catalog.Catalog` over real Redis; the rest
 go through real mounts (the real Rucio server for the 8-mount test).
 """
 
@@ -33,12 +33,12 @@ from trio.testing import MockClock
 
 from rucio_fs import redis_client
 from rucio_fs.backend import Entry, Kind
-from rucio_fs.catalog import Catalog
+from rucio_fs.catalog.catalog import Catalog
+from rucio_fs.catalog.shared import FORMAT, _dumps, _loads, decode_chunk, encode_chunk
 from rucio_fs.config import MountConfig
 from rucio_fs.errors import InvalidInput
+from rucio_fs.observe.stats import Stats
 from rucio_fs.redis_client import Redis, RedisAddress
-from rucio_fs.shared import FORMAT, _dumps, _loads, decode_chunk, encode_chunk
-from rucio_fs.stats import Stats
 
 DIR = "/ls/files-3000"
 

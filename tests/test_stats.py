@@ -15,7 +15,7 @@ import pytest
 from conftest import RUCIO_FS, free_ports, run_cli, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from rucio_fs.stats import N_BINS
+from rucio_fs.observe.stats import N_BINS
 
 
 def test_counts_match_a_known_workload_exactly(mount_fs):

@@ -10,7 +10,7 @@ import pytest
 from conftest import RUCIO_FS, run_cli
 from test_cli_errors import assert_one_line_error
 
-from rucio_fs import tracing
+from rucio_fs.observe import tracing
 
 TRACEFS = Path("/sys/kernel/tracing")
 

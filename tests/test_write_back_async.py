@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from rucio_fs import control
+from rucio_fs.observe import control
 
 ASYNC = ("--write-back", "async")
 #: Fail fast while the server is down (the uploads are retried in the background anyway).

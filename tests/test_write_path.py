@@ -3,7 +3,7 @@ while their upload waits, changes by path of a removed file, background errors, 
 paths between two steps. Each test states the promise it holds the mount to.
 
 Through real mounts (versitygw through the fault proxy, memory://) where the kernel's part
-matters; in-process (:class:`~rucio_fs.fs.RucioFs` over the memory backend) where the step
+matters; in-process (:class:`~rucio_fs.fuse.fs.RucioFs` over the memory backend) where the step
 to break is inside the daemon.
 """
 
@@ -26,15 +26,15 @@ from fault_proxy import fault_proxy
 from test_s3 import mount_s3, unique
 from test_write_faults import _stored
 
-from rucio_fs import writeback as writeback_module
-from rucio_fs.catalog import Catalog
+from rucio_fs.catalog.catalog import Catalog
 from rucio_fs.config import MountConfig
 from rucio_fs.errors import Unavailable
-from rucio_fs.fs import RucioFs
-from rucio_fs.inodes import ROOT_INO
+from rucio_fs.fuse.fs import RucioFs
+from rucio_fs.fuse.inodes import ROOT_INO
+from rucio_fs.observe.stats import Stats
 from rucio_fs.registry import open_backend
-from rucio_fs.stats import Stats
-from rucio_fs.writeback import WriteBack
+from rucio_fs.write import writeback as writeback_module
+from rucio_fs.write.writeback import WriteBack
 
 MiB = 1 << 20
 ASYNC = ("--write-back", "async")

@@ -12,7 +12,7 @@
 * Any error of a background try (an OSError of a staging file) is logged, counted and
   survived: the op is tried again.
 
-The queue's own tests drive :class:`~rucio_fs.write_queue.WriteQueue` in-process over a
+The queue's own tests drive :class:`~rucio_fs.write.write_queue.WriteQueue` in-process over a
 scripted write-back (virtual time); the others mount versitygw through the fault proxy.
 """
 
@@ -36,14 +36,14 @@ from test_s3 import mount_s3, unique
 from test_write_back_async import kill
 from test_write_faults import _content, _stored
 
-from rucio_fs import write_queue
 from rucio_fs.backend import Entry
-from rucio_fs.catalog import Catalog
+from rucio_fs.catalog.catalog import Catalog
 from rucio_fs.config import MountConfig
 from rucio_fs.errors import PermissionDenied, RucioFsError, Unavailable
+from rucio_fs.observe.stats import Stats
 from rucio_fs.registry import open_backend
-from rucio_fs.stats import Stats
-from rucio_fs.write_queue import Op, WriteQueue
+from rucio_fs.write import write_queue
+from rucio_fs.write.write_queue import Op, WriteQueue
 
 ASYNC = ("--write-back", "async")
 #: A time with nanoseconds, long past.

@@ -16,7 +16,7 @@ Reading: ``data-objects op=read`` with ``offset``/``count`` through the core's r
 several ranges in flight, each at most :data:`READ_MAX` (well inside the API's 30 s request
 timeout).
 
-Writing (see :mod:`rucio_fs.writeback`): a file up to ``part_size`` is one write with
+Writing (see :mod:`rucio_fs.write.writeback`): a file up to ``part_size`` is one write with
 ``truncate`` on (method 2, or a multipart form for a path HTTP headers cannot carry); a
 larger one goes through ``parallel_write_init`` → writes with handle, stream index and offset
 (one request at a time per stream) → ``parallel_write_shutdown``, which runs also when the

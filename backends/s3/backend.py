@@ -20,7 +20,7 @@ Looking up a name no listing has shown sends a LIST of the keys starting with it
 of the key at once; a directory then a HEAD of its marker. Reads are ranged GETs on a
 presigned URL through the core's read path.
 
-Writes (see :mod:`rucio_fs.writeback`): a file up to ``part_size`` is one PUT, a larger one a
+Writes (see :mod:`rucio_fs.write.writeback`): a file up to ``part_size`` is one PUT, a larger one a
 multipart upload whose parts are sent while it is written. Every body carries ``Content-MD5``,
 which S3 checks. ``unlink`` is DELETE; ``mkdir`` PUTs a marker; ``rmdir`` removes an empty
 directory's marker; renaming a file is a server-side copy then DELETE (multipart copy above

@@ -44,9 +44,9 @@ from typing import Any, TypeVar
 import pytest
 import trio
 
-from .. import errors
-from ..backend import Attributes, Backend, Capability, Entry, Kind, usable_name
-from ..registry import open_backend
+from rucio_fs import errors
+from rucio_fs.backend import Attributes, Backend, Capability, Entry, Kind, usable_name
+from rucio_fs.registry import open_backend
 
 T = TypeVar("T")
 

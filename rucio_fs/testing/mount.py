@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .. import control
+from rucio_fs.observe import control
 
 RUCIO_FS = [sys.executable, "-m", "rucio_fs"]
 

@@ -1,0 +1,326 @@
+"""The data path: how the bytes of a read are found — data layer, disk layer, backend.
+
+Blocks are ``block_size`` pieces of one version of a file, keyed ``(path, version, index)``,
+so a changed file is never served from stale blocks. A :class:`ReadStream` per open handle
+tells sequential reads from random ones and drives the handle's read-ahead
+(:mod:`rucio_fs.data.prefetch`); :class:`DataPath` serves the reads of every stream of the mount.
+Backend reads come in through one function the catalog gives (timed, counted, shared), so
+this module never sees the backend itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from cachetools import TTLCache
+
+from rucio_fs.backend import Entry, content_version
+from rucio_fs.background import survive
+from rucio_fs.cache.accounting import BackendCalls
+from rucio_fs.cache.budget import Shares
+from rucio_fs.cache.caches import CacheLayer, byte_cache
+from rucio_fs.cache.disk_cache import DiskCache
+from rucio_fs.config import MountConfig
+from rucio_fs.observe.stats import Stats
+
+from .prefetch import Prefetcher
+
+log = logging.getLogger(__name__)
+
+#: Blocks waiting to be written to the disk layer.
+DISK_QUEUE_BLOCKS = 32
+
+#: How long (seconds) a file read sparsely is opened direct (see DataPath.read_sparsely).
+SPARSE_MEMORY = 60.0
+#: The most files remembered as read sparsely.
+SPARSE_FILES = 4096
+#: A page: what a buffered reader (Python, stdio) reads after a direct read of whole pages.
+PAGE = 4096
+
+#: ``fetch(handle, offset, size)``: exactly those bytes from the backend, counted.
+Fetch = Callable[[Any, int, int], Awaitable[bytes]]
+
+
+class DataPath:
+    """The data and disk layers of a mount, and the reads that fill them."""
+
+    def __init__(self, config: MountConfig, stats: Stats, calls: BackendCalls, fetch: Fetch,
+                 disk: DiskCache | None = None) -> None:
+        self.config = config
+        self.stats = stats
+        self.calls = calls
+        self.disk = disk
+        self._fetch_exact = fetch
+        shares = Shares(config.memory_limit)
+        self.data: CacheLayer[bytes] = CacheLayer(
+            "data", config.data, byte_cache(max(shares.data_cache, config.block_size)), stats)
+        #: Blocks all read-ahead of the mount may have in flight (its share of the memory).
+        self.prefetch_budget = trio.Semaphore(
+            max(1, shares.read_ahead // config.block_size)
+            if config.data and config.prefetch_max_bytes else 1)
+        # Blocks go to the disk layer in the background, several written at once; reads wait
+        # only when the disk falls a whole queue behind the network.
+        self._disk_send, self._disk_recv = trio.open_memory_channel[tuple[Hashable, Any]](
+            DISK_QUEUE_BLOCKS)
+        #: Files (path, content version) read sparsely a moment ago.
+        self._sparse: TTLCache[tuple[str, str], bool] = TTLCache(SPARSE_FILES, SPARSE_MEMORY)
+
+    def stream(self, path: str, entry: Entry, handle: Any, nursery: trio.Nursery | None,
+               direct: bool = False) -> ReadStream:
+        """The reads of one open handle (with read-ahead when a nursery is given); ``direct``:
+        the kernel sends the reader's own reads (no page cache)."""
+        prefetcher = None
+        if self.config.data and self.config.prefetch_max_bytes and nursery is not None:
+            window = max(1, self.config.prefetch_max_bytes // self.config.block_size)
+            prefetcher = Prefetcher(self, path, entry, handle, nursery, self.prefetch_budget,
+                                    window)
+        return ReadStream(self, path, entry, handle, prefetcher, direct)
+
+    def read_sparsely(self, path: str, entry: Entry) -> bool:
+        """Whether a handle of this content of ``path`` started reading past offset 0 within
+        :data:`SPARSE_MEMORY` seconds and none read a long run since: a columnar reader that
+        opens the file for each basket (uproot's default, through fsspec). Such a file is
+        best opened direct: the kernel's read-ahead after each basket costs more than the
+        reader's buffered rest of it."""
+        return (path, content_version(entry)) in self._sparse
+
+    def note_sparse(self, path: str, entry: Entry, sparse: bool) -> None:
+        key = (path, content_version(entry))
+        if sparse:
+            self._sparse[key] = True
+        else:
+            self._sparse.pop(key, None)
+
+    async def read(self, path: str, entry: Entry, handle: Any, offset: int, size: int,
+                   sequential: bool = True) -> bytes:
+        """Bytes ``[offset, offset+size)`` of a file (clamped to its size) via the data layer.
+
+        Sequential reads go through whole cached blocks. A random read is served from cached
+        blocks when they are all there, else fetched as exactly the range asked for: a small
+        random read never costs a block-sized fetch.
+        """
+        size = min(size, entry.size - offset)
+        if size <= 0:
+            return b""
+        version = content_version(entry)
+        if not self.data.enabled and self.disk is None:
+            return await self._fetch(handle, (path, version, offset, size), offset, size)
+        block_size = self.config.block_size
+        first, last = offset // block_size, (offset + size - 1) // block_size
+        if not sequential and not all(self._cached(path, version, i)
+                                      for i in range(first, last + 1)):
+            self.stats.events["random_reads_uncached"] += 1
+            return await self._fetch(handle, (path, version, offset, size), offset, size)
+        if first == last:
+            block = await self._block(path, version, entry, handle, first)
+            start = offset - first * block_size
+            return block[start:start + size]
+        parts = []
+        for index in range(first, last + 1):
+            block = await self._block(path, version, entry, handle, index)
+            lo = max(offset - index * block_size, 0)
+            hi = min(offset + size - index * block_size, len(block))
+            parts.append(memoryview(block)[lo:hi])
+        return b"".join(parts)
+
+    def _cached(self, path: str, version: str, index: int) -> bool:
+        key = (path, version, index)
+        return self.data.peek(key) is not None or (self.disk is not None and self.disk.has(key))
+
+    async def _block(self, path: str, version: str, entry: Entry, handle: Any,
+                     index: int) -> bytes:
+        key = (path, version, index)
+        block = self.data.get(key)
+        if block is None and self.disk is not None and self.disk.has(key):
+            block = await self.load_from_disk(path, version, entry, handle, index)
+        if block is None:
+            block = await self._load_block(path, version, entry, handle, index)
+        return block
+
+    async def load_from_disk(self, path: str, version: str, entry: Entry, handle: Any,
+                             index: int) -> bytes:
+        """Block ``index`` from the disk layer into the data layer (a shared flight); from
+        the backend when the disk copy turns out to be gone or damaged."""
+        key = (path, version, index)
+
+        async def load() -> bytes:
+            block = await self.disk.get(key)  # type: ignore[union-attr]
+            if block is None:
+                return await self._load_block(path, version, entry, handle, index)
+            self.data.put(key, block)
+            return block
+
+        return await self.calls.flight.run(("disk", key), load)
+
+    def block_state(self, path: str, version: str, index: int) -> str:
+        """``"memory"``, ``"coming"`` (being fetched or loaded), ``"disk"`` or ``"missing"``."""
+        key = (path, version, index)
+        if self.data.peek(key) is not None:
+            return "memory"
+        flight = self.calls.flight
+        if flight.in_flight(("read", key)) or flight.in_flight(("disk", key)):
+            return "coming"
+        if self.disk is not None and self.disk.has(key):
+            return "disk"
+        return "missing"
+
+    async def prefetch_blocks(self, path: str, version: str, entry: Entry, handle: Any,
+                              first: int, count: int) -> None:
+        """Fetch blocks ``first .. first+count-1`` into the data layer with one ranged read.
+
+        Each block is a shared flight while it is on its way, so a reader arriving for any
+        of them waits for this request instead of issuing its own.
+        """
+        block_size = self.config.block_size
+        start = first * block_size
+        length = min(count * block_size, entry.size - start)
+        keys = [(path, version, i) for i in range(first, first + count)]
+
+        async def fetch() -> list[bytes]:
+            data = await self.calls.timed("read",
+                                          lambda: self._fetch_exact(handle, start, length))
+            # Blocks are views of the one buffer: no copy; it is freed with its last block.
+            view = memoryview(data)
+            blocks = [view[k * block_size:(k + 1) * block_size] for k in range(count)]
+            for key, block in zip(keys, blocks, strict=True):
+                self.data.put(key, block)
+                await self._to_disk(key, block)
+            return blocks
+
+        await self.calls.flight.run_group([("read", key) for key in keys], fetch)
+        self.stats.events["prefetched_blocks"] += count
+
+    async def _load_block(self, path: str, version: str, entry: Entry, handle: Any,
+                          index: int) -> bytes:
+        key = (path, version, index)
+        start = index * self.config.block_size
+        length = min(self.config.block_size, entry.size - start)
+        block = await self._fetch(handle, key, start, length)
+        self.data.put(key, block)
+        await self._to_disk(key, block)
+        return block
+
+    async def _fetch(self, handle: Any, key: Hashable, offset: int, size: int) -> bytes:
+        return await self.calls.shared("read", key,
+                                       lambda: self._fetch_exact(handle, offset, size))
+
+    async def _to_disk(self, key: Hashable, block: Any) -> None:
+        if self.disk is not None:
+            await self._disk_send.send((key, block))
+
+    async def run_disk_writer(self) -> None:
+        """Write queued blocks to the disk layer (a task of the daemon's nursery)."""
+        async for key, block in self._disk_recv:
+            with survive(self.stats.events, "storing a block in the disk layer"):
+                await self.disk.put(key, block)  # type: ignore[union-attr]
+
+    async def flush_disk_writes(self) -> None:
+        """Write what is still queued (at unmount: nothing fetched is lost to the layer)."""
+        while self.disk is not None:
+            try:
+                key, block = self._disk_recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            await self.disk.put(key, block)
+
+    def discard(self, path: str, entry: Entry) -> None:
+        """Forget every cached block of ``path`` (e.g. after it failed verification)."""
+        for key in [k for k in self.data.cached_keys() if k[0] == path]:
+            self.data.discard(key)
+        if self.disk is not None:
+            version = content_version(entry)
+            for index in range((entry.size + self.config.block_size - 1)
+                               // self.config.block_size):
+                self.disk.discard((path, version, index))
+
+    def drop(self, layers: Iterable[str]) -> None:
+        """Empty the named layers of the two this path owns (``data``, ``disk``)."""
+        for layer in layers:
+            if layer == "data":
+                self.data.drop()
+            elif layer == "disk" and self.disk is not None:
+                self.disk.drop()
+
+
+#: After a jump, the contiguous blocks' worth a handle reads before its reads count as
+#: sequential again. A columnar reader (uproot, ROOT) reads a few baskets of each cluster and
+#: jumps over the other branches' baskets: each basket, with the kernel's read-around, stays
+#: below this, so it is fetched as asked, never rounded to blocks nor read ahead of.
+SPARSE_RUN_BLOCKS = 4
+
+#: A handle's first read starts it sequential only when it reads this much from offset 0 (or
+#: the whole file): the kernel's first read-ahead of a ``cat`` or ``cp``. A small first read
+#: (a file's header, read by a columnar reader before it jumps) is fetched as asked.
+SEQUENTIAL_FIRST_READ = 128 << 10
+
+
+@dataclass(slots=True)
+class ReadStream:
+    """The reads of one open file handle: sequential or random, and the read-ahead they
+    drive. ``close`` waits for the read-ahead still in flight (before the backend handle
+    goes).
+
+    A handle reads sequentially when its first read starts at offset 0 and asks for
+    :data:`SEQUENTIAL_FIRST_READ` bytes or the whole file; else, and after any jump, it reads
+    *sparsely* until it has read :data:`SPARSE_RUN_BLOCKS` blocks in a row. Sparse reads are
+    fetched as exactly the ranges asked (unless cached) and start no read-ahead. A first read
+    past offset 0 (a reader that opens the file for each piece it reads) marks the file as
+    read sparsely; a long run unmarks it.
+
+    A ``direct`` handle receives the reader's own reads. A sparse read of whole pages is then
+    fetched with the page after it, kept for the handle: a buffered reader reads the rest of
+    its request as one page next."""
+
+    data_path: DataPath
+    path: str
+    entry: Entry
+    handle: Any
+    prefetcher: Prefetcher | None
+    direct: bool = False
+    #: Where the previous read ended (-1: no read yet), to tell sequential reads from jumps.
+    last_end: int = -1
+    #: Whether the handle jumped and has not read a long run since, and that run's bytes.
+    sparse: bool = False
+    run: int = 0
+    #: The page fetched after a direct sparse read: (offset, bytes).
+    next_page: tuple[int, bytes] | None = None
+
+    async def read(self, offset: int, size: int) -> bytes:
+        block_size = self.data_path.config.block_size
+        if self.last_end < 0:
+            self.run = size
+            self.sparse = offset != 0 or size < min(SEQUENTIAL_FIRST_READ, self.entry.size)
+            if offset != 0:
+                self.data_path.note_sparse(self.path, self.entry, True)
+        # The kernel's parallel read-ahead arrives slightly out of order: still in a row.
+        elif abs(offset - self.last_end) <= block_size:
+            self.run += size
+            if self.sparse and self.run >= SPARSE_RUN_BLOCKS * block_size:
+                self.sparse = False
+                self.data_path.note_sparse(self.path, self.entry, False)
+        else:
+            self.sparse, self.run = True, size
+        sequential = not self.sparse
+        self.last_end = offset + size
+        if self.prefetcher is not None:
+            self.prefetcher.on_read(offset, size, sequential)
+        kept = self.next_page
+        if kept is not None and kept[0] == offset and size <= len(kept[1]):
+            self.next_page = None
+            return kept[1][:size]
+        if (self.direct and not sequential and size % PAGE == 0
+                and offset + size < self.entry.size):
+            data = await self.data_path.read(self.path, self.entry, self.handle, offset,
+                                             size + PAGE, sequential)
+            self.next_page = (offset + size, data[size:])
+            return data[:size]
+        return await self.data_path.read(self.path, self.entry, self.handle, offset, size,
+                                         sequential)
+
+    async def close(self) -> None:
+        if self.prefetcher is not None:
+            await self.prefetcher.drain()
