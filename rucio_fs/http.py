@@ -20,6 +20,10 @@ Two clients, chosen by measurement (``benchmarks/bench_http.py``, loopback, 1 Mi
 Contracts: a truncated or malformed listing raises :class:`Unavailable`, never ends early; a
 range read returns what the server sent for that range (fewer bytes only when the object is
 shorter), retrying dropped connections, stalls and 5xx with backoff a bounded number of times.
+
+Why one module of this size: it is the plugin API's whole HTTP surface (what a backend
+imports is in one place): the catalog client, the data reader and the streamed upload share
+the retry policy, the connection pools and the error mapping.
 """
 
 from __future__ import annotations

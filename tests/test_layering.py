@@ -130,3 +130,14 @@ def test_each_package_imports_only_the_packages_below_it():
             if len(tparts) > 2 and tparts[1] in LAYERS and LAYERS.index(tparts[1]) > rank:
                 offenders.append(f"{name} -> {target}")
     assert not offenders, offenders
+
+
+def test_the_package_installs_every_package_of_the_tree():
+    """pyproject.toml lists the packages (backends/ installs as rucio_fs.backends): a package
+    left out would be missing from a non-editable install."""
+    import tomllib
+
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {name for name, path in _modules().items() if path.name == "__init__.py"}
+    assert found == listed, (sorted(found - listed), sorted(listed - found))

@@ -5,8 +5,9 @@ against the real server in test_rucio.py.)"""
 from __future__ import annotations
 
 import trio
-from rucio_fs.backends.rucio.backend import MAX_DIDS_PER_REQUEST, Did, ReplicaResolver
-from rucio_fs.backends.rucio.settings import RucioSettings
+from rucio_fs.backends.rucio.names import Did
+from rucio_fs.backends.rucio.replicas import ReplicaResolver
+from rucio_fs.backends.rucio.settings import MAX_DIDS_PER_REQUEST, RucioSettings
 
 SETTINGS = RucioSettings(rucio_host="http://x", auth_host="http://x", account="a",
                          auth_type="token", schemes=("http",))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import trio
 from odd_names import ODD_NAMES
-from rucio_fs.backends.rucio.backend import _readable_url
+from rucio_fs.backends.rucio.replicas import readable_url
 from rucio_fs.backends.rucio.settings import RucioSettings
 
 from rucio_fs.errors import BadRequestTarget
@@ -45,7 +45,7 @@ def test_every_odd_pfn_reads_its_own_bytes(rucio_server, odd_files, scheme):
     reader = RangeReader(context=tls_context(env["CA_CERT"]), timeout=10)
     try:
         for name, data in odd_files.items():
-            url, local = _readable_url(f"{scheme}://127.0.0.1:{port}/rucio/oddnames/{name}",
+            url, local = readable_url(f"{scheme}://127.0.0.1:{port}/rucio/oddnames/{name}",
                                        _settings())
             assert not local
             assert _read(reader, url, len(data)) == data, name
@@ -63,7 +63,7 @@ def test_odd_pfns_through_local_and_redirect_mappings(rucio_server, odd_files):
     try:
         for name, data in odd_files.items():
             for settings in (local, redirect):
-                url, _ = _readable_url(prefix + "oddnames/" + name, settings)
+                url, _ = readable_url(prefix + "oddnames/" + name, settings)
                 assert _read(reader, url, len(data)) == data, (name, url)
     finally:
         reader.close()

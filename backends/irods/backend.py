@@ -54,6 +54,9 @@ the attribute's AVUs in one atomic ``modify_metadata``.
 
 Every answer is checked twice: the HTTP status and ``irods_response.status_code`` (the API
 answers some failures with HTTP 200 and a negative code).
+
+Why one module of this size: it is the iRODS mapping of the whole backend contract; the
+HTTP API's sessions, queries and parallel writes have modules of their own.
 """
 
 from __future__ import annotations

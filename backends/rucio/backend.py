@@ -28,6 +28,10 @@ Reads are HTTP ranged GETs on the PFN chosen by the ``rses`` and ``schemes`` pre
 (``davs``/``dav`` are read as ``https``/``http``; ``local=`` maps PFNs to a local mount of the
 RSE), falling over to the next replica when one fails or holds fewer bytes than the catalog
 says. Settings: :mod:`.settings`; tokens: :mod:`.auth`.
+
+Why one module of this size: it is the Rucio mapping of the whole backend contract, with
+the first read's race between guessed and resolved replicas; names, replicas, speculation,
+uploads and settings have modules of their own.
 """
 
 from __future__ import annotations
@@ -36,10 +40,10 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 import trio
@@ -71,7 +75,6 @@ from rucio_fs.http import (
     ApiClient,
     RangeReader,
     RetryPolicy,
-    quote_path,
     tls_context,
 )
 from rucio_fs.identity import CallerCredentials, caller_source
@@ -79,8 +82,8 @@ from rucio_fs.options import url_option_values
 from rucio_fs.tasks import open_nursery
 
 from .auth import RucioAuth, default_token_file, describe
-from .layout import pfn_url
 from .names import Did, component_for, did_for
+from .replicas import REPLICA_TTL, Replica, ReplicaResolver, readable_url
 from .settings import (
     CREDENTIAL_ENV,
     MAX_DIDS_PER_REQUEST,
@@ -92,12 +95,10 @@ from .speculation import LESSON_WAIT, Speculator, checksums_match
 from .upload import DidPath, Uploads
 from .upload import check_new as check_new_did
 
-__all__ = ["MAX_DIDS_PER_REQUEST", "Did", "ReplicaResolver", "RucioBackend"]
+__all__ = ["RucioBackend"]
 
 log = logging.getLogger(__name__)
 
-#: Resolved replicas are reused this long by later opens of the same file.
-REPLICA_TTL = 600.0
 #: Siblings resolved with the second cache miss in a dataset; each later miss there takes
 #: four times more, up to ``replica_batch``. One ``POST /replicas/list`` costs 60-90 ms plus
 #: 1.35 ms per DID on the test server: 16 DIDs cost about as much as one, so the second file
@@ -111,197 +112,6 @@ MAX_SIBLINGS = 100_000
 def _did_type(info: Mapping[str, Any]) -> str:
     """The type (``FILE``, ``DATASET``, ``CONTAINER`` …) a DID's description gives."""
     return str(info.get("type") or info.get("did_type") or "").upper()
-
-
-class Replica(NamedTuple):
-    url: str
-    rse: str
-
-
-@dataclass
-class _Slot:
-    """One DID waiting for its replicas."""
-
-    done: trio.Event = field(default_factory=trio.Event)
-    replicas: list[Replica] = field(default_factory=list)
-    error: RucioFsError | None = None
-    #: Callers waiting for it; a slot nobody waits for any more leaves the queue, unless it
-    #: was asked for as a companion (resolved for later opens, see ``resolve``).
-    waiters: int = 0
-    companion: bool = False
-
-    def result(self) -> list[Replica]:
-        if self.error is not None:
-            raise type(self.error)(str(self.error))
-        return self.replicas
-
-
-class ReplicaResolver:
-    """Replicas of files, resolved in shared batches (group commit, no added delay).
-
-    The first caller sends its DID at once; DIDs asked for while that request runs wait and
-    go together in the next one (up to :data:`MAX_DIDS_PER_REQUEST`). So a lone ``cat`` pays
-    one request and a hundred concurrent opens pay a handful. Every answer is shown to
-    ``observe`` (the speculator learns RSE layouts from it).
-    """
-
-    def __init__(self, api: ApiClient, settings: RucioSettings,
-                 observe: Callable[[Did, Mapping[str, Mapping[str, Any]]], None] | None = None
-                 ) -> None:
-        self.api = api
-        self.settings = settings
-        self.observe = observe
-        self.requests = 0
-        self.dids = 0
-        self._pending: dict[Did, _Slot] = {}
-        #: DIDs of the request under way: a caller asking for one waits for that answer.
-        self._inflight: dict[Did, _Slot] = {}
-        self._busy: trio.Event | None = None
-        self._cache: TTLCache[Did, list[Replica]] = TTLCache(100_000, REPLICA_TTL)
-        self.caching = True
-        #: Where resolved PFNs are shared with the other mounts of this identity (if anywhere).
-        self.shared: SharedValues | None = None
-        self.shared_hits = 0
-
-    def known(self, did: Did) -> bool:
-        """Whether ``did``'s replicas are cached or on their way."""
-        return (did in self._pending or did in self._inflight
-                or (self.caching and did in self._cache))
-
-    async def resolve(self, did: Did, companions: Iterable[Did] = ()) -> list[Replica]:
-        """``did``'s replicas, best first. ``companions`` go in the same request without
-        being waited for: their answers are cached for the opens expected next."""
-        cached = self._cache.get(did) if self.caching else None
-        if cached is not None:
-            return cached
-        if self.shared is not None and did not in self._pending:
-            pfns = await self.shared.get("replicas", str(did))
-            if isinstance(pfns, dict):
-                self.shared_hits += 1
-                replicas = self._order(pfns)
-                if self.caching:
-                    self._cache[did] = replicas
-                return replicas
-        slot = self._inflight.get(did) or self._pending.setdefault(did, _Slot())
-        slot.waiters += 1
-        if self.caching:
-            for other in companions:
-                if not self.known(other):
-                    self._pending[other] = _Slot(companion=True)
-        try:
-            while not slot.done.is_set():
-                if self._busy is None:
-                    self._busy = trio.Event()
-                    self._pending.setdefault(did, slot)  # a withdrawn request's DID
-                    try:
-                        await self._run_batch(did)
-                    finally:
-                        busy, self._busy = self._busy, None
-                        busy.set()
-                else:
-                    await self._busy.wait()
-        finally:
-            slot.waiters -= 1
-            if (not slot.done.is_set() and not slot.waiters and not slot.companion
-                    and self._pending.get(did) is slot):
-                del self._pending[did]  # its caller went away (e.g. a guessed read won)
-        return slot.result()
-
-    def answered(self, did: Did) -> bool:
-        """Whether the catalog's answer for ``did`` is here (cached, or just received by the
-        request under way)."""
-        slot = self._inflight.get(did)
-        return ((slot is not None and slot.done.is_set())
-                or (self.caching and did in self._cache))
-
-    def forget(self, did: Did) -> None:
-        self._cache.pop(did, None)
-
-    def clear(self) -> None:
-        self._cache.clear()
-
-    async def _run_batch(self, first: Did) -> None:
-        batch = {first: self._pending.pop(first)}
-        while self._pending and len(batch) < MAX_DIDS_PER_REQUEST:
-            did = next(iter(self._pending))
-            batch[did] = self._pending.pop(did)
-        self.requests += 1
-        self.dids += len(batch)
-        self._inflight.update(batch)
-        try:
-            await self._send_batch(first, batch)
-        finally:
-            for did, slot in batch.items():
-                if self._inflight.get(did) is slot:
-                    del self._inflight[did]
-
-    async def _send_batch(self, first: Did, batch: dict[Did, _Slot]) -> None:
-        body: dict[str, Any] = {"dids": [{"scope": d.scope, "name": d.name} for d in batch],
-                                "schemes": list(self.settings.schemes), "all_states": False}
-        shareable: dict[str, Any] = {}
-        try:
-            async for line in self.api.ndjson("POST", "/replicas/list", json=body,
-                                              what=f"replicas of {len(batch)} file(s)"):
-                did = Did(line.get("scope", ""), line.get("name", ""))
-                slot = batch.get(did)
-                if slot is not None and not slot.done.is_set():
-                    pfns = line.get("pfns") or {}
-                    if self.observe is not None:
-                        self.observe(did, pfns)
-                    slot.replicas = self._order(pfns)
-                    if self.caching:
-                        self._cache[did] = slot.replicas
-                    if slot.replicas and not any("?" in pfn for pfn in pfns):
-                        # a query could be a signature: signed URLs are never shared
-                        shareable[str(did)] = {pfn: {"rse": info.get("rse", ""),
-                                                     "priority": info.get("priority")}
-                                               for pfn, info in pfns.items()}
-                    slot.done.set()
-        except RucioFsError as exc:
-            failure: RucioFsError | None = exc
-        except trio.Cancelled:
-            # Our caller went away: the DIDs others still wait for (or that were asked for
-            # as companions) go to whoever leads the next batch.
-            for did, slot in batch.items():
-                if not slot.done.is_set() and (slot.waiters > (did == first) or slot.companion):
-                    self._pending.setdefault(did, slot)
-            raise
-        else:
-            failure = None
-        for did, slot in batch.items():
-            if not slot.done.is_set():
-                slot.error = failure or NotFound(f"{did}: the catalog has no such file")
-                slot.done.set()
-        if self.shared is not None and shareable:
-            await self.shared.put("replicas", shareable, REPLICA_TTL)
-
-    def _order(self, pfns: Mapping[str, Mapping[str, Any]]) -> list[Replica]:
-        """Readable PFNs, best first: local mounts, then RSE preference, then scheme."""
-        s = self.settings
-        ranked = []
-        for pfn, info in pfns.items():
-            scheme = pfn.partition("://")[0]
-            if scheme not in s.schemes:
-                continue
-            rse = str(info.get("rse", ""))
-            url, local = _readable_url(pfn, s)
-            rse_rank = s.rses.index(rse) if rse in s.rses else len(s.rses)
-            ranked.append(((not local, rse_rank, s.schemes.index(scheme),
-                            info.get("priority") or 0), Replica(url, rse)))
-        ranked.sort(key=lambda pair: pair[0])
-        return [replica for _, replica in ranked]
-
-
-def _readable_url(pfn: str, settings: RucioSettings) -> tuple[str, bool]:
-    """The URL to read ``pfn`` from (:func:`.layout.pfn_url`, unless a ``local`` or
-    ``redirect`` setting maps it), and whether it is a local file."""
-    for prefix, directory in settings.local:
-        if pfn.startswith(prefix):
-            return "file://" + quote_path(directory.rstrip("/") + "/" + pfn[len(prefix):]), True
-    for prefix, target in settings.redirect:
-        if pfn.startswith(prefix):
-            return target.rstrip("/") + "/" + quote_path(pfn[len(prefix):].lstrip("/")), False
-    return pfn_url(pfn), False
 
 
 class _Siblings:
@@ -424,7 +234,7 @@ class RucioBackend(Backend):
         async with trio.open_nursery() as nursery:  # first guesses pay no TCP/TLS handshake
             for endpoint in self.speculator.first_endpoints():
                 nursery.start_soon(self.guess_reader.connect,
-                                   _readable_url(endpoint, self.settings)[0])
+                                   readable_url(endpoint, self.settings)[0])
 
     async def aclose(self) -> None:
         if self.uploads is not None:
@@ -729,7 +539,7 @@ class RucioBackend(Backend):
         async def guessed_read(guess: tuple[str, str]) -> None:
             nonlocal unanswered
             rse, pfn = guess
-            url, _ = _readable_url(pfn, self.settings)
+            url, _ = readable_url(pfn, self.settings)
             counters["speculative_reads"] += 1
             try:
                 data = await self.guess_reader.read(url, 0, handle.entry.size)

@@ -36,6 +36,9 @@ in) with a rule of one copy on ``upload_rse`` (lifetime ``upload_rule_lifetime``
 ``rucio upload`` does for a dataset it creates. ``unlink`` detaches a file the mount's
 account created from its open dataset (the replica is then the reaper's); everything else
 is refused. A closed dataset takes no files.
+
+Why one module of this size: the upload is one protocol whose steps (and the group commit
+that batches them) must be read together to check its invariant.
 """
 
 from __future__ import annotations

@@ -60,6 +60,10 @@ limit), until a lookup of the name shows it as the link it is.
 
 Errors: 403 is EACCES, a spent quota (MinIO's ``XMinioAdminBucketQuotaExceeded``, Ceph's
 ``QuotaExceeded``) EDQUOT, a full server (``XMinioStorageFull``, HTTP 507) ENOSPC.
+
+Why one module of this size: it is the S3 mapping of the whole backend contract (listing,
+reading, writing, attributes, removal in batches); the request plumbing, signing, metadata,
+listing pages and uploads have modules of their own.
 """
 
 from __future__ import annotations

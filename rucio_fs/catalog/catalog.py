@@ -9,6 +9,9 @@ metadata, listing and xattr layers live here; file data lives in :attr:`Catalog.
 Files whose content this mount holds and the backend may not (written, not yet uploaded) are
 overlaid on what the backend says: their owner, the write-back, is the catalog's
 :class:`Overlay`. Paths are catalog paths (see :mod:`rucio_fs.backend`).
+
+Why one module of this size: it is the one door to the backend, and the door is the point:
+every backend call and its cache bookkeeping are in one class, so no call can go around it.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Everything that can be wrong with a mount request (URL, mountpoint, /dev/fuse, an unreachable
 catalog) is found before or while mounting and reported to the invoking process as one line;
 nothing stays mounted after a failure.
+
+Why one module of this size: a mount's lifecycle is one sequence (check, fork, mount, serve,
+unmount), and each step's failure is handled where the step is.
 """
 
 from __future__ import annotations

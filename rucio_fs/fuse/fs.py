@@ -3,6 +3,10 @@
 This is the only module that speaks pyfuse3's request API. It owns the inode table, the open
 file and directory handles, the kernel cache layer (entry/attr/negative timeouts and
 ``keep_cache``) and the per-operation statistics.
+
+Why one module of this size: pyfuse3 dispatches to the methods of one Operations class, and
+each FUSE request's translation (errno, kernel-cache policy, inode bookkeeping) reads best
+whole in one place; what is not translation lives in the packages below.
 """
 
 from __future__ import annotations

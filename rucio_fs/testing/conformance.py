@@ -29,6 +29,8 @@ subclass the classes that apply in a pytest module and give the fixtures they as
 * :class:`BigFileConformance`: sizes past 4 GiB (give ``big_file``).
 * :class:`CutListingConformance`: a listing cut short is an error, never a shorter listing.
 * :class:`DeadServerConformance`: a dead server is ``Unavailable`` in bounded time.
+
+Why one module of this size: a plugin author imports one suite.
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ armed faults), ``config`` (latency, token lifetime, expire all tokens, GenQuery2
 
 Run: ``python -m rucio_fs.testing.irods_fake --port N [--zone Z]``; it prints ``ready`` when
 listening. :func:`start` does that on a free port.
+
+Why one module of this size: the fake is one server, started with ``python -m``.
 """
 
 from __future__ import annotations

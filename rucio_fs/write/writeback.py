@@ -33,6 +33,10 @@ Contract:
   ``fsync`` of their directory), and the mount shows the queued state at once (the overlay).
   ``fsync`` of a file waits for its upload, of a directory for every op below it, and unmount
   for all.
+
+Why one module of this size: a :class:`DirtyFile` and its :class:`WriteBack` keep one
+invariant together (a staged file, its journal record and its upload change only in step),
+and each reaches into the other on every commit.
 """
 
 from __future__ import annotations
