@@ -434,6 +434,8 @@ class ApiClient:
                 self.counters["requests"] += 1
                 response = await once()
             except httpx.TransportError as exc:
+                if untrusted_certificate(exc):
+                    raise Unavailable(f"{what}: {certificate_advice(exc)}") from None
                 failure = type(exc).__name__
             else:
                 if response.status_code == 401 and self.auth and not refreshed:
@@ -703,6 +705,35 @@ def _transport_error(exc: BaseException) -> httpx.TransportError:
     return httpx.ReadError(text)
 
 
+#: Servers whose certificate was refused, each logged once (``host:port``).
+_UNTRUSTED: set[str] = set()
+
+
+def untrusted_certificate(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a TLS certificate the client does not trust:
+    permanent until the trusted CAs change, so never worth a retry."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError) or (
+                "CERTIFICATE_VERIFY_FAILED" in str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def certificate_advice(exc: BaseException) -> str:
+    """One line for an untrusted certificate: what failed and how to trust the CA. Logged
+    as a warning the first time per server (the failure itself may be handled quietly,
+    e.g. by reading another replica)."""
+    text = str(exc).split(" (_ssl.c")[0] or type(exc).__name__
+    advice = (f"TLS certificate not trusted ({text}): name its CA with the catalog's CA "
+              "setting (rucio.cfg ca_cert, X509_CERT_DIR, AWS_CA_BUNDLE, ?ca=)")
+    if text not in _UNTRUSTED:
+        _UNTRUSTED.add(text)
+        log.warning("%s", advice)
+    return advice
+
+
 def _environment_proxy(url: str) -> bool:
     """Whether a proxy from the environment (``HTTPS_PROXY``, ...) applies to ``url``."""
     parts = urlsplit(url)
@@ -885,6 +916,8 @@ class RangeReader:
                                            range_in_url)
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
+                if untrusted_certificate(exc):  # no retry makes it trusted
+                    raise Unavailable(f"{_redact(url)}: {certificate_advice(exc)}") from None
                 failure = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 continue
             except _Retry as exc:

@@ -119,3 +119,53 @@ def test_a_token_is_renewed_before_it_expires(mount_fs, rucio_server):
         assert len(os.listdir(m.path / "ds1000")) == 1000
         assert m.stats()["backend_counters"]["token_fetches"] == 2
         assert rucio_server.access_log_lines('" 401 ') == refused
+
+
+def test_an_untrusted_certificate_is_not_retried_and_says_how_to_trust_it(tmp_path, caplog):
+    """A TLS certificate the client does not trust stays untrusted however often it is asked:
+    the read fails at once (a replica read falls over to the next replica without waiting
+    out the retries) with one line naming the fix, logged once."""
+    import http.server
+    import logging
+    import ssl
+    import subprocess
+    import threading
+
+    import trio
+
+    from rucio_fs.errors import Unavailable
+    from rucio_fs.http import ApiClient, RangeReader, RetryPolicy
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.server_address[1]}"
+    retry = RetryPolicy(attempts=4, backoff=1.0)
+
+    async def main() -> tuple[float, float, int, int]:
+        reader = RangeReader(timeout=5, retry=retry)
+        api = ApiClient(url, timeout=5, retry=retry)
+        start = trio.current_time()
+        with pytest.raises(Unavailable, match=r"TLS certificate not trusted.*ca_cert"):
+            await reader.read(url + "/file", 0, 10)
+        read_took = trio.current_time() - start
+        start = trio.current_time()
+        with pytest.raises(Unavailable, match="TLS certificate not trusted"):
+            await api.json("GET", "/catalog", what="a catalog request")
+        return (read_took, trio.current_time() - start, reader.counters["retries"],
+                api.counters["retries"])
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="rucio_fs.http"):
+            read_took, api_took, read_retries, api_retries = trio.run(main)
+    finally:
+        server.shutdown()
+    assert read_retries == api_retries == 0 and read_took < 1.0 and api_took < 1.0
+    warnings = [r for r in caplog.records if "not trusted" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
