@@ -100,3 +100,17 @@ def test_the_readme_tour_runs_as_printed(tmp_path):
         for name in ("demo", "cold"):
             if find_mount(str(home / name)) is not None:
                 subprocess.run(["fusermount3", "-u", "-z", str(home / name)])
+
+
+def test_the_configuration_page_lists_every_mount_option_as_the_command_has_it():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("options_table",
+                                                  REPO / "scripts" / "options_table.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = module.options_table()
+    assert table in (REPO / "docs" / "configuration.md").read_text(), (
+        "docs/configuration.md: replace its options table with this (python "
+        "scripts/options_table.py):\n" + table)
