@@ -94,6 +94,40 @@ def test_an_unknown_option_is_one_line_and_nothing_is_mounted(on_mount_path, mou
     assert find_mount(str(mountpoint)) is None
 
 
+def test_rucio_fs_mount_o_takes_the_words_fstab_takes(mountpoint):
+    """One meaning for -o: mount options, kernel flags, mount(8)'s own words and backend
+    KEY=VALUE, as in fstab; an unknown word is one line and nothing is mounted."""
+    from conftest import run_cli
+
+    run_cli("mount", "demo://", str(mountpoint), "-o", "cold,listing_ttl=30s,nosuid,_netdev",
+            "-o", "latency=1ms", check=True)
+    try:
+        snap = control.request(str(mountpoint), "stats")
+        assert snap["config"]["listing"] is False and snap["config"]["listing_ttl"] == 30.0
+        assert "latency=1ms" in snap["url"]
+        line = next(row for row in Path("/proc/self/mountinfo").read_text().splitlines()
+                    if f" {mountpoint} " in row)
+        assert "nosuid" in line
+    finally:
+        umount_and_wait(mountpoint)
+    refused = run_cli("mount", "demo://", str(mountpoint), "-o", "cold,colder")
+    assert refused.returncode == 2 and "unknown option 'colder'" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert find_mount(str(mountpoint)) is None
+
+
+def test_o_keeps_the_commas_of_a_backend_list_and_option_is_always_the_backends():
+    from rucio_fs.cli.commands import mount
+    from rucio_fs.cli.fstab import with_expanded_options
+
+    assert with_expanded_options(
+        ["mount", "rucio:///", "/m", "-o", "rses=A,B,nosuid,allow_other,timeout=1m",
+         "-oschemes=https,http", "--option", "timeout=5s"], mount) == [
+        "mount", "rucio:///", "/m", "--option", "rses=A,B", "--kernel-flag", "nosuid",
+        "--allow-other", "--timeout", "1m", "--option", "schemes=https,http",
+        "--option", "timeout=5s"]
+
+
 def test_the_systemd_units_in_the_docs_verify(tmp_path):
     units = sorted((REPO / "docs" / "systemd").glob("*.*mount"))
     assert {u.name for u in units} == {"mnt-rucio.mount", "mnt-rucio.automount"}

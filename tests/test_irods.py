@@ -317,7 +317,7 @@ def test_server_down_gives_eio_then_the_mount_recovers(mount_fs, irods_server):
                       f"/tempZone/home/{USER}", fake=True, process=process)
     try:
         own.seed(own.home + "/down", {"f.txt": b"before\n", "later/g.txt": b"g\n"})
-        mnt = mount_irods(mount_fs, own, own.home + "/down", "-o", "timeout=2",
+        mnt = mount_irods(mount_fs, own, own.home + "/down", "--option", "timeout=2",
                           "--cold")
         assert (mnt.path / "f.txt").read_bytes() == b"before\n"
         process.terminate()

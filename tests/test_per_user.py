@@ -612,7 +612,7 @@ def test_pending_writes_follow_the_users_renewed_credentials(s3_server, users, p
     source = owned_file(a, Path(a.pw_dir) / "src.bin", b"pending across a renewal")
     with fault_proxy(accounts.endpoint) as proxy:
         mnt, log = per_user_mount(f"s3://{accounts.bucket}", "-o", f"endpoint_url={proxy.url}",
-                                  "-o", "timeout=1s")
+                                  "--option", "timeout=1s")
         proxy.inject("error", "/kept.bin", method="PUT")
         result = as_user(a, "cp", str(source), f"{mnt}/kept.bin")
         assert result.returncode != 0  # sync: close reports the refused upload
@@ -640,7 +640,7 @@ def test_a_users_write_survives_a_killed_daemon(s3_server, users, per_user_mount
     staging = Path(tempfile.mkdtemp(prefix="rucio-fs-pu-staging-"))
     try:
         with fault_proxy(accounts.endpoint) as proxy:
-            options = ("-o", f"endpoint_url={proxy.url}", "-o", "timeout=1s",
+            options = ("-o", f"endpoint_url={proxy.url}", "--option", "timeout=1s",
                        "--write-back", "async", "--staging-dir", str(staging))
             url = f"s3://{accounts.bucket}"
             first, _ = per_user_mount(url, *options)

@@ -30,7 +30,7 @@ from rucio_fs.observe import control
 
 ASYNC = ("--write-back", "async")
 #: Fail fast while the server is down (the uploads are retried in the background anyway).
-SHORT = ("-o", "timeout=1s", "--timeout", "3")
+SHORT = ("--option", "timeout=1s", "--timeout", "3")
 
 
 class Catalog:

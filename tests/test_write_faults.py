@@ -84,7 +84,7 @@ def test_close_returns_zero_only_for_a_byte_identical_object(mount_fs, s3_server
     prefix = unique(f"wf-{request_name}-{fault}")
     key = f"{prefix}/f"
     with fault_proxy(s3_server.endpoint) as proxy:
-        mnt = mount_s3(mount_fs, proxy.url, prefix, "-o", "timeout=1s", "-o", "part_size=5M",
+        mnt = mount_s3(mount_fs, proxy.url, prefix, "--option", "timeout=1s", "-o", "part_size=5M",
                        "--timeout", "8")
         def arm() -> None:  # after the open: its lookup is no upload request
             for kind, times in FAULTS[fault]:
@@ -111,7 +111,7 @@ def test_a_killed_daemon_loses_no_pending_data(mount_fs, s3_server, tmp_path):
     lists the staged file as queued, and uploads it once the server takes it."""
     prefix = unique("killed")
     staging = tmp_path / "staging"
-    options = ["-o", "timeout=1s", "--timeout", "5", "--staging-dir", str(staging)]
+    options = ["--option", "timeout=1s", "--timeout", "5", "--staging-dir", str(staging)]
     with fault_proxy(s3_server.endpoint) as proxy:
         url = f"s3://test/{prefix}"
         first = mount_fs(url, "-o", f"endpoint_url={proxy.url}", *options)
@@ -140,7 +140,7 @@ def test_a_killed_daemon_loses_no_pending_data(mount_fs, s3_server, tmp_path):
 def test_pending_uploads_are_retried_on_their_own(mount_fs, s3_server):
     prefix = unique("auto-retry")
     with fault_proxy(s3_server.endpoint) as proxy:
-        mnt = mount_s3(mount_fs, proxy.url, prefix, "-o", "timeout=1s", "--timeout", "5")
+        mnt = mount_s3(mount_fs, proxy.url, prefix, "--option", "timeout=1s", "--timeout", "5")
         proxy.inject("error", "/late", method="PUT")
         assert _write(mnt.path / "late", b"arrives later") != 0
         assert "pending /late" in run_cli("uploads", str(mnt.path)).stdout
@@ -171,7 +171,7 @@ def test_irods_close_returns_zero_only_for_a_byte_identical_object(mount_fs, iro
     with fault_proxy(f"http://{irods_server.netloc}") as proxy:
         url = irods_server.url(collection).replace(irods_server.netloc,
                                                    f"127.0.0.1:{proxy.port}")
-        mnt = mount_fs(url, "-o", "timeout=1s", "-o", "part_size=5M", "--timeout", "8")
+        mnt = mount_fs(url, "--option", "timeout=1s", "-o", "part_size=5M", "--timeout", "8")
 
         def arm() -> None:
             for kind, times in FAULTS[fault]:
@@ -203,7 +203,7 @@ def test_async_uploads_wait_returns_zero_only_for_a_byte_identical_object(
     prefix = unique(f"wfa-{request_name}-{fault}")
     key = f"{prefix}/f"
     with fault_proxy(s3_server.endpoint) as proxy:
-        mnt = mount_s3(mount_fs, proxy.url, prefix, "-o", "timeout=1s", "-o", "part_size=5M",
+        mnt = mount_s3(mount_fs, proxy.url, prefix, "--option", "timeout=1s", "-o", "part_size=5M",
                        "--timeout", "8", "--write-back", "async")
 
         def arm() -> None:

@@ -38,7 +38,7 @@ from rucio_fs.write.writeback import WriteBack
 
 MiB = 1 << 20
 ASYNC = ("--write-back", "async")
-SHORT = ("-o", "timeout=1s", "--timeout", "5")
+SHORT = ("--option", "timeout=1s", "--timeout", "5")
 
 
 def _content(size: int, seed: str = "") -> bytes:

@@ -352,7 +352,7 @@ def test_an_upload_that_failed_before_it_succeeded_is_no_error(mount_fs, s3_serv
     prefix = unique("failed-then-stored")
     s3_server.seed(prefix, {"moved": b"on the server"})
     with fault_proxy(s3_server.endpoint) as proxy:
-        mnt = mount_s3(mount_fs, proxy.url, prefix, "-o", "timeout=1s", "--timeout", "8",
+        mnt = mount_s3(mount_fs, proxy.url, prefix, "--option", "timeout=1s", "--timeout", "8",
                        *ASYNC, "--staging-dir", str(tmp_path / "staging"))
         os.listdir(mnt.path)
         # uploads --wait
@@ -395,7 +395,7 @@ def test_a_replayed_mkdir_counts_as_maybe_sent(mount_fs, s3_server, tmp_path):
     client = s3_server.client()
     with fault_proxy(s3_server.endpoint) as proxy:
         url = f"s3://test/{prefix}"
-        first = mount_fs(url, "-o", f"endpoint_url={proxy.url}", "-o", "timeout=1s",
+        first = mount_fs(url, "-o", f"endpoint_url={proxy.url}", "--option", "timeout=1s",
                          "-o", "part_size=5M", "--timeout", "8", *ASYNC, "--staging-dir",
                          staging)
         os.listdir(first.path)
@@ -414,7 +414,7 @@ def test_a_replayed_mkdir_counts_as_maybe_sent(mount_fs, s3_server, tmp_path):
         kill(first)
         proxy.clear()
         proxy.inject("stall", "?uploads", method="POST")
-        second = mount_fs(url, "-o", f"endpoint_url={proxy.url}", "-o", "timeout=10s",
+        second = mount_fs(url, "-o", f"endpoint_url={proxy.url}", "--option", "timeout=10s",
                           "-o", "part_size=5M", "--timeout", "60", *ASYNC,
                           "--write-back-parallelism", "1", "--staging-dir", staging)
         queued = run_cli("uploads", str(second.path)).stdout
@@ -462,7 +462,7 @@ def test_attribute_changes_queued_on_one_path_are_stored_by_one_copy(mount_fs, s
     its marker; the server ends with the last of each."""
     prefix = unique("merged-attrs")
     with fault_proxy(s3_server.endpoint) as proxy:
-        mnt = mount_s3(mount_fs, proxy.url, prefix, "-o", "timeout=1s", "--timeout", "8",
+        mnt = mount_s3(mount_fs, proxy.url, prefix, "--option", "timeout=1s", "--timeout", "8",
                        *ASYNC, "--staging-dir", str(tmp_path / "staging"))
         os.listdir(mnt.path)
         _queue_dir_attributes_behind_a_failing_mkdir(proxy, mnt, "d")
@@ -479,7 +479,7 @@ def test_merged_attribute_changes_survive_a_kill(mount_fs, s3_server, tmp_path):
     prefix = unique("merged-attrs-killed")
     staging = str(tmp_path / "staging")
     with fault_proxy(s3_server.endpoint) as proxy:
-        first = mount_s3(mount_fs, proxy.url, prefix, "-o", "timeout=1s", "--timeout", "8",
+        first = mount_s3(mount_fs, proxy.url, prefix, "--option", "timeout=1s", "--timeout", "8",
                          *ASYNC, "--staging-dir", staging)
         os.listdir(first.path)
         _queue_dir_attributes_behind_a_failing_mkdir(proxy, first, "d")

@@ -102,14 +102,18 @@ def cli() -> None:
 @click.option("--kernel-flag", "kernel_flags", multiple=True, hidden=True,
               type=click.Choice(sorted(fstab.KERNEL_FLAGS)),
               help="A kernel mount flag (nosuid, nodev, ro, ...), as the mount helper passes.")
-@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
-              help="Backend option, the same as ?KEY=VALUE in the URL (repeatable), "
-                   "e.g. -o endpoint_url=http://127.0.0.1:7070 for s3://.")
+@click.option("-o", "fstab_words", multiple=True, metavar="OPTION[,OPTION...]",
+              help="Options as fstab spells them: mount options (allow_other, listing_ttl=5m), "
+                   "kernel flags (nosuid, noatime) and backend KEY=VALUE, the same as "
+                   "?KEY=VALUE in the URL (endpoint_url=https://s3.example.org); repeatable.")
+@click.option("--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="A backend option, also one whose name a mount option has (timeout=1s: "
+                   "the backend's per-request timeout); repeatable.")
 def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other: bool,
           identity: str, identity_map: str | None, log_file: str | None, cold: bool,
           no_disk_cache: bool, xattrs: bool, read_ahead_kb: int, max_background: int,
-          max_tasks: int, kernel_flags: tuple[str, ...], options: tuple[str, ...],
-          **config: Any) -> int:
+          max_tasks: int, kernel_flags: tuple[str, ...], fstab_words: tuple[str, ...],
+          options: tuple[str, ...], **config: Any) -> int:
     """Mount the catalog at URL (demo://, ...) on MOUNTPOINT.
 
     Returns once the mount is ready, leaving the daemon in the background (unless -f).
@@ -117,6 +121,8 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
     from .daemon import MountRequest
     from .daemon import mount as do_mount
 
+    if fstab_words:  # main() spells -o out before click parses (rucio_fs.cli.fstab)
+        raise click.UsageError("-o is read by the rucio-fs command itself: run rucio-fs")
     cache = MountConfig.from_options(config, cold=cold, no_disk_cache=no_disk_cache)
     url = with_options(url, options)
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
@@ -319,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if fstab.is_helper_call(argv):
             argv = fstab.as_mount_command(argv, mount)
+        elif argv[:1] == ["mount"]:
+            argv = fstab.with_expanded_options(argv, mount)
         code = cli.main(args=argv, prog_name="rucio-fs", standalone_mode=False)
     except click.ClickException as exc:
         click.echo(f"rucio-fs: error: {exc.format_message()}", err=True)
