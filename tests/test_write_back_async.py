@@ -182,8 +182,8 @@ def test_a_directory_made_and_removed_before_its_mkdir_ran_never_reaches_the_ser
         os.rmdir(mnt.path / f"d{i}")
     drained(mnt)
     # Never a listing per rmdir: only a directory whose mkdir was tried is listed (counted from
-    # the mount's start, as the queue may try one while the caches are dropped; a removal that
-    # meets its mkdir running may list it twice), and the root.
+    # the mount's start, as the queue may try one while the caches are dropped), and the root.
+    # Up to two listings per tried mkdir are allowed: loaded CI machines saw more than one.
     listings = mnt.backend_calls("list") - listed_before
     tried = mnt.backend_calls("mkdir")
     assert listings <= 2 * (tried + 1) and tried < 150, (listings, tried)
