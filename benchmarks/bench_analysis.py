@@ -42,7 +42,16 @@ from pathlib import Path
 
 import httpx
 from bench_rucio import token as rucio_token
-from common import SERVERS, Mount, drop_page_cache, free_port, read_env
+from common import (
+    SERVERS,
+    Goal,
+    Mount,
+    add_goals,
+    at_most,
+    drop_page_cache,
+    free_port,
+    read_env,
+)
 
 from rucio_fs.testing.root_files import CountingFile, make_tree
 
@@ -220,6 +229,29 @@ def run(place: Placement, root: Path, local: Path, args: argparse.Namespace) -> 
             "repeat": args.repeat, "file_bytes": local.stat().st_size, "rows": rows}
 
 
+def goals(result: dict) -> list[Goal]:
+    """The columnar-reads issue's goals, per read, from the rows in ``result``: what the
+    server sent to the mount within 1.2x what uproot needs (no delay); the mount's time no
+    more than uproot's own HTTP access with no delay, and within 0.8x of it with one."""
+    bench = f"bench_analysis ({result['backend']})"
+    rows = []
+    for r in result["rows"]:
+        delay = r["delay_ms"]
+        if delay == 0:
+            ratio = r["mount_server"] / r["needed"]
+            rows.append(Goal(bench, f"{r['read']}: bytes the server sent to the mount",
+                             f"{r['mount_server'] / 1e6:.2f} MB",
+                             f"needed {r['needed'] / 1e6:.2f} MB", ratio, "≤ 1.2x needed",
+                             at_most(ratio, 1.2)))
+        limit = 1.0 if delay == 0 else 0.8
+        ratio = r["mount_s"] / r["http_s"]
+        rows.append(Goal(bench, f"{r['read']}: time through the mount, {delay} ms added per "
+                         "request", f"{r['mount_s']:.3f} s", f"uproot's HTTP {r['http_s']:.3f} s",
+                         ratio, "≤ uproot's HTTP" if delay == 0 else f"≤ {limit:g}x uproot's HTTP",
+                         at_most(ratio, limit)))
+    return rows
+
+
 def summary(result: dict) -> str:
     lines = [f"uproot on {result['backend']}, {result['file_bytes'] / 1e6:.0f} MB file, "
              f"{result['clusters']} baskets per branch, median of {result['repeat']}", "",
@@ -266,7 +298,7 @@ def main() -> int:
     out = args.out or REPO / "benchmarks" / "results" / (
         time.strftime("%Y%m%d-%H%M%S") + f"-analysis-{args.backend}")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=1))
+    (out / "results.json").write_text(json.dumps(add_goals(result, goals(result)), indent=1))
     text = summary(result)
     (out / "summary.md").write_text(text)
     print(text)

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import rucio_arguments, rucio_server
+from common import Goal, add_goals, at_most, rucio_arguments, rucio_server
 
 from rucio_fs.testing.mount import Mount
 
@@ -79,6 +79,24 @@ def at_once(users: list, command: list[str], per_user: bool = False) -> list[flo
     return times
 
 
+#: What each measured kind is, in a goal row.
+KINDS = {"warm_ls_l_10k_s": "warm `ls -l` 10,000 files", "cold_cat_s": "cold `cat` 4 KiB"}
+
+
+def goals(r: dict) -> list[Goal]:
+    """The per-user issue's goal, from the measurements in ``r``: a per-user mount within
+    1.10x of a single-identity one, for each measurement, one user and all at once."""
+    rows = []
+    for group in ("1 user", f"{r['users']} users"):
+        for kind, what in KINDS.items():
+            single, per_user = r[group][kind]["single"], r[group][kind]["per-user"]
+            rows.append(Goal("bench_per_user", f"{what}, {group} at once",
+                             f"per-user {1000 * per_user:.1f} ms",
+                             f"single identity {1000 * single:.1f} ms", per_user / single,
+                             "≤ 1.10x", at_most(per_user / single, 1.10)))
+    return rows
+
+
 def main() -> int:
     ap = rucio_arguments(__doc__, "per_user", repeat=7)
     ap.add_argument("--users", type=int, default=10)
@@ -125,7 +143,7 @@ def main() -> int:
             remove_users(users)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    args.out.write_text(json.dumps(add_goals(results, goals(results)), indent=1))
     print("| measurement | users at once | single identity | per-user | ratio | goal |")
     print("|---|---:|---:|---:|---:|---|")
     for group in ("1 user", f"{args.users} users"):

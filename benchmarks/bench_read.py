@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import trio
-from common import Mount, peak_rss_mb, read_whole
+from common import Goal, Mount, add_goals, at_most, peak_rss_mb, read_whole
 from rucio_fs.backends.demo.backend import DemoBackend
 from rucio_fs.backends.demo.content import BIG_SIZE
 
@@ -44,6 +44,18 @@ def raw_backend_read() -> float:
             await backend.read(handle, offset, 1 << 20)
         return time.perf_counter() - start
     return trio.run(run)
+
+
+def goals(r: dict) -> list[Goal]:
+    """The read path's goals, from the measurements in ``r``: a first byte at one request's
+    latency and little more, random reads that fetch little beyond what is asked."""
+    cat_ms, fetched = r["cat_4k_cold_20ms_ms"], r["random_4k_fetched_per_asked"]
+    return [
+        Goal("bench_read", "`cat` 4 KiB never read, 20 ms per request", f"{cat_ms:.1f} ms",
+             "one request 20 ms", cat_ms / 20, "≤ 22 ms", at_most(cat_ms, 22)),
+        Goal("bench_read", "4 KiB random reads in the 4.2 GB file",
+             f"{fetched:.2f} bytes fetched per byte asked", "", None, "≤ 2",
+             at_most(fetched, 2))]
 
 
 def main() -> int:
@@ -98,7 +110,7 @@ def main() -> int:
         for m in mounts:
             m.unmount()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    args.out.write_text(json.dumps(add_goals(results, goals(results)), indent=2))
     r = results
     print("| benchmark | rucio-fs | baseline (same run) | ratio |")
     print("|---|---:|---:|---:|")

@@ -26,7 +26,16 @@ import time
 import uuid
 from pathlib import Path
 
-from common import Mount, peak_rss_mb, rucio_arguments, rucio_server
+from common import (
+    Goal,
+    Mount,
+    add_goals,
+    at_least,
+    at_most,
+    peak_rss_mb,
+    rucio_arguments,
+    rucio_server,
+)
 
 
 def cli_upload(env: dict[str, str], source: Path, dataset: str) -> float:
@@ -106,11 +115,33 @@ def main() -> int:
             (source / f"w{run}-big-{way}.dat").unlink()
             print(json.dumps(result), flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    args.out.write_text(json.dumps(add_goals(result, goals(result)), indent=1))
     text = summary(result)
     args.out.with_suffix(".md").write_text(text)
     print(text)
     return 0
+
+
+def goals(r: dict) -> list[Goal]:
+    """The read-write issue's goals, from the measurements in ``r``: small files through a
+    mount in a fraction of the CLI's time, the big file at the CLI's throughput or better
+    with the daemon's memory bounded."""
+    cli, mb = r["small_cli_s"], r["big_bytes"] / 1e6
+    small = f"{r['files']:,} files of {r['size']:,} B into a new dataset"
+    ways = {"sync": "sync write-back",
+            "async": "async write-back, until `rucio-fs uploads --wait` returns"}
+    rows = [Goal("bench_rucio_write", f"{small}, {ways[way]}", f"{r[f'small_{way}_s']:.1f} s",
+                 f"`rucio upload` {cli:.1f} s", r[f"small_{way}_s"] / cli, f"≤ {limit:g}x",
+                 at_most(r[f"small_{way}_s"] / cli, limit))
+            for way, limit in (("sync", 0.2), ("async", 0.05))]
+    speedup = r["big_cli_s"] / r["big_sync_s"]
+    rows += [Goal("bench_rucio_write", f"one {mb / 1e3:.1f} GB file (sparse), throughput",
+                  f"{mb / r['big_sync_s']:.0f} MB/s", f"`rucio upload` {mb / r['big_cli_s']:.0f}"
+                  " MB/s", speedup, "≥ 1.0x", at_least(speedup, 1.0)),
+             Goal("bench_rucio_write", "daemon peak RSS while writing the big file",
+                  f"{r['big_sync_rss_mb']:.0f} MB", "", None, "≤ 300 MB",
+                  at_most(r["big_sync_rss_mb"], 300))]
+    return rows
 
 
 def summary(r: dict) -> str:

@@ -61,7 +61,10 @@ from common import (
     RESULTS,
     RUCIO_FS,
     CheckoutMount,
+    Goal,
     Mount,
+    add_goals,
+    at_most,
     checkout_code,
     concurrently,
     drop_page_cache,
@@ -341,6 +344,80 @@ def exp_burst(env: dict, root: Path, repeat: int, peers: list[str], width: int =
     return medians_ms(times, f"{width} cold cats at once")
 
 
+def ls_goals(r: dict) -> list[Goal]:
+    """The S3 issue's listing goals (and, with ``--baseline``, the attributes issue's
+    "within 10 % of the older code")."""
+    warm = statistics.median(r["warm_s"])
+    rows = [Goal("bench_s3", f"cold `ls -l` of {r['objects']:,} objects, fresh mount",
+                 f"best {min(r['cold_s']):.3f} s (median {r['cold_median_s']:.3f} s)",
+                 f"raw ListObjectsV2 pages {r['raw_list_s']:.3f} s", r["cold_over_raw"],
+                 "≤ 1.3x raw", at_most(r["cold_over_raw"], 1.3)),
+            Goal("bench_s3", f"warm `ls -l` of {r['objects']:,} objects", f"{warm:.3f} s", "",
+                 None, "≤ 0.10 s", at_most(warm, 0.10))]
+    if "cold_over_baseline" in r:
+        rows.append(Goal("bench_s3", "cold `ls -l`, this code beside `--baseline` code",
+                         f"median {r['cold_median_s']:.3f} s",
+                         f"baseline code {r['baseline_cold_median_s']:.3f} s",
+                         r["cold_over_baseline"], "≤ 1.10x", at_most(r["cold_over_baseline"],
+                                                                     1.10)))
+    return rows
+
+
+def small_goals(r: dict) -> list[Goal]:
+    """The S3 issue's small-file goal: ``cp -r`` in and ``rm -r`` faster than every peer."""
+    rows = []
+    peers = {kind: t for kind, t in r.items() if kind != "rucio-fs"}
+    for key, what in (("cp_s", "`cp -r` of GeeseFS's small-file tree in"),
+                      ("rm_s", "`rm -r` of that tree")):
+        mine = r["rucio-fs"][key]
+        fastest = min((t[key] for t in peers.values()), default=None)
+        rows.append(Goal("bench_s3", what, f"{mine:.1f} s",
+                         ", ".join(f"{kind} {t[key]:.1f} s" for kind, t in peers.items())
+                         or "no peer measured", None if fastest is None else mine / fastest,
+                         "faster than each peer",
+                         None if fastest is None else mine < fastest))
+    return rows
+
+
+def first_byte_goals(r: dict) -> list[Goal]:
+    """The first-byte issue's goal on S3: a cold ``cat`` of 4 KiB no slower than s3fs."""
+    mine = r["rucio-fs"]["median_ms"]
+    s3fs = r.get("s3fs", {}).get("median_ms")
+    return [Goal("bench_s3", "cold `cat` of a 4 KiB object, fresh mount, page cache dropped",
+                 f"{mine:.1f} ms", "s3fs not measured" if s3fs is None else f"s3fs {s3fs:.1f} ms",
+                 None if s3fs is None else mine / s3fs, "≤ s3fs",
+                 None if s3fs is None else mine <= s3fs)]
+
+
+def rsync_goals(r: dict) -> list[Goal]:
+    """The attributes issue's goals: ``rsync -a``'s first run through each rucio-fs mode no
+    slower than through rclone; its second runs at most half rclone's time, itemizing
+    nothing; every run exiting 0."""
+    rows = []
+    for name in ("rucio-fs sync", "rucio-fs async"):
+        for run, label in RSYNC_RUNS.items():
+            mine, rclone = r[name][run], r.get("rclone", {}).get(run)
+            limit = 1.0 if run == "first" else 0.5
+            ratio = None if rclone is None else mine["over_rclone"]
+            goal = "≤ rclone, exit 0" if run == "first" else "≤ 0.5x rclone, 0 itemized, exit 0"
+            met = None if ratio is None else (ratio <= limit and mine["exit"] == 0 and (
+                run == "first" or mine["itemized"] == 0))
+            rows.append(Goal(
+                "bench_s3", f"`rsync -ai` of the small-file tree, {label}, {name}",
+                f"{mine['s']:.2f} s, exit {mine['exit']}, {mine['itemized']:,} itemized",
+                "rclone not measured" if rclone is None else
+                f"rclone {rclone['s']:.2f} s, {rclone['itemized']:,} itemized", ratio, goal,
+                met))
+    return rows
+
+
+def goals(results: dict) -> list[Goal]:
+    """The goal rows of the experiments that ran (``big`` and ``burst`` have none)."""
+    makers = {"ls": ls_goals, "small": small_goals, "first_byte": first_byte_goals,
+              "rsync": rsync_goals}
+    return [row for key, make in makers.items() if key in results for row in make(results[key])]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -380,7 +457,7 @@ def main() -> int:
         if "burst" in chosen:
             results["burst"] = exp_burst(env, root, max(args.repeat, 5), peers)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    args.out.write_text(json.dumps(add_goals(results, goals(results)), indent=1))
     args.out.with_suffix(".md").write_text(summary(results))
     return 0
 

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rucio_fs.testing.mount import RUCIO_FS
@@ -394,3 +395,57 @@ class CpuMeter:
         return {"pids": [a - b for a, b in zip(now["pids"], start["pids"], strict=True)],
                 **{k: now[k] - start[k] for k in ("server", "children", "machine")}}
 
+
+
+# -- goals: what a benchmark promises, checked against what it measured ----------------------
+
+@dataclass(frozen=True)
+class Goal:
+    """One goal of a benchmark as its run found it: what was measured, next to what.
+
+    ``rucio_fs`` and ``baseline`` are display text with their units (``baseline`` is empty
+    where a goal is absolute); ``ratio`` is rucio-fs over the baseline where the goal is one;
+    ``met`` is computed from the measurement (:func:`at_most`, :func:`at_least`), ``None``
+    when the measurement could not be made (the text says why)."""
+
+    benchmark: str
+    what: str
+    rucio_fs: str
+    baseline: str
+    ratio: float | None
+    goal: str
+    met: bool | None
+
+
+def at_most(value: float | None, limit: float) -> bool | None:
+    """Whether ``value`` is at most ``limit``; ``None`` when there is no value."""
+    return None if value is None else value <= limit
+
+
+def at_least(value: float | None, limit: float) -> bool | None:
+    """Whether ``value`` is at least ``limit``; ``None`` when there is no value."""
+    return None if value is None else value >= limit
+
+
+def add_goals(results: dict, goals: Iterable[Goal]) -> dict:
+    """``results`` (a benchmark's JSON output) with its goal rows under ``"goals"``, a list
+    of :class:`Goal` fields (the form ``suite.py --goals`` reads); returns ``results``."""
+    results["goals"] = [asdict(goal) for goal in goals]
+    return results
+
+
+def goal_table(rows: Iterable[Goal | dict]) -> list[str]:
+    """Goal rows as the lines of a Markdown table (a ``|`` inside a cell is escaped)."""
+    lines = ["| what | rucio-fs | baseline | ratio | goal | met |",
+             "|---|---:|---:|---:|---|---|"]
+    for row in rows:
+        r = asdict(row) if isinstance(row, Goal) else row
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        cells = [r["what"], r["rucio_fs"], r["baseline"], ratio, r["goal"], met_mark(r["met"])]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines
+
+
+def met_mark(met: bool | None) -> str:
+    """How a goal's ``met`` reads in a table."""
+    return {True: "met", False: "**not met**", None: "not measured"}[met]
