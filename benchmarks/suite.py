@@ -28,6 +28,13 @@ catalog is written straight into versitygw's posix directory); ``irods`` (the fa
 API of ``rucio_fs/testing/irods_fake.py``, started here; it holds data in memory, so its big file is
 256 MiB at most). ``--smoke`` runs every experiment in seconds (CI runs it on every backend so
 the suite cannot rot).
+
+    python benchmarks/suite.py --goals [NAMES] [--smoke] [--publish]
+                               [--rucio-server DIR] [--s3-server DIR] [--out DIR]
+
+``--goals`` runs the goal benchmarks instead (``bench_*.py``, each as its own process, the test
+servers they need started once) and writes their goal rows into ``summary.md``; ``--publish``
+also writes it to ``benchmarks/RESULTS.md`` (:mod:`goals`).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+import goals
 from common import (
     CpuMeter,
     Mount,
@@ -1009,6 +1017,41 @@ def started_target(backend: str, server: Path | None, root: Path, sizes: list[in
             subprocess.run(["bash", str(script), "stop", str(base)], check=False)
 
 
+#: The options of the experiments, with no meaning in ``--goals`` mode: (dest, option).
+EXPERIMENT_OPTIONS = (("backend", "--backend"), ("experiments", "--experiments"),
+                      ("repeat", "--repeat"), ("server", "--server"),
+                      ("big_write", "--big-write"), ("peers", "--peers"),
+                      ("mdtest", "--mdtest"), ("max_mounts", "--max-mounts"))
+
+
+def goals_mode(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``--goals [NAMES]``: the goal benchmarks run as one (:mod:`goals`); bad arguments end
+    in one error line (``ap.error``, exit 2)."""
+    stray = [option for dest, option in EXPERIMENT_OPTIONS
+             if getattr(args, dest) != ap.get_default(dest)]
+    if stray:
+        ap.error(f"{', '.join(stray)}: an experiment option, not for --goals (the goal "
+                 "benchmarks take --rucio-server, --s3-server, --smoke, --out, --publish)")
+    for kind in ("rucio", "s3"):
+        server = getattr(args, f"{kind}_server")
+        if server is not None and not (server / "server.env").is_file():
+            ap.error(f"--{kind}-server {server}: no server.env there (start one with "
+                     f"scripts/servers/{kind}.sh start DIR)")
+    try:
+        benches = goals.chosen(args.goals)
+    except ValueError as e:
+        ap.error(str(e))
+    out = args.out or REPO / "benchmarks" / "results" / (
+        time.strftime("%Y%m%d-%H%M%S") + "-goals")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        ap.error(f"--out {out}: {e.strerror}")
+    command = goals.shown(["python", "benchmarks/suite.py", *sys.argv[1:]])
+    return goals.run(benches, out, {"rucio": args.rucio_server, "s3": args.s3_server},
+                     args.smoke, command, goals.RESULTS_MD if args.publish else None)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=("demo", "rucio", "s3", "irods"), default="demo")
@@ -1026,7 +1069,22 @@ def main() -> int:
     ap.add_argument("--max-mounts", type=int, default=16,
                     help="most separate mounts in the mounts experiment (default 16)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--goals", nargs="?", const="", metavar="NAMES",
+                    help="run the goal benchmarks instead (comma-separated names; "
+                         f"default all: {','.join(goals.BY_NAME)}) and write their goal rows")
+    ap.add_argument("--publish", action="store_true",
+                    help="with --goals (implied): also write the summary to "
+                         "benchmarks/RESULTS.md")
+    ap.add_argument("--rucio-server", type=Path,
+                    help="with --goals: a running rucio.sh server directory (else one starts)")
+    ap.add_argument("--s3-server", type=Path,
+                    help="with --goals: a running s3.sh server directory (else one starts)")
     args = ap.parse_args()
+    if args.goals is not None or args.publish:
+        return goals_mode(ap, args)
+    if args.rucio_server is not None or args.s3_server is not None:
+        ap.error("--rucio-server and --s3-server are for --goals (the experiments take "
+                 "--server)")
     chosen = [e for e in args.experiments.split(",") if e]
     unknown = set(chosen) - set(EXPERIMENTS)
     if unknown:
