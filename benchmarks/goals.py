@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
-from common import SERVERS, goal_table, met_mark
+from common import SERVERS, goal_table
 
 from rucio_fs.testing.mount import RUCIO_FS
 
@@ -306,9 +306,10 @@ def summary(head: dict[str, str], outcomes: list[Outcome], smoke: bool,
              "- Form: " + ("short (`--smoke`: each benchmark cut down to check that it runs; "
                            "not numbers to quote)" if smoke else
                            "full (each benchmark with the arguments shown)"),
+             f"- Benchmarks: {', '.join(o.name for o in outcomes)} ({len(outcomes)} of the "
+             f"{len(BENCHMARKS)} with goals); {len(outcomes) - len(failed)} ran",
              f"- Goals: {counts['met']} met, {counts['not met']} not met, "
-             f"{counts['not measured']} not measured; {len(outcomes) - len(failed)} of "
-             f"{len(outcomes)} benchmarks ran.", ""]
+             f"{counts['not measured']} not measured", ""]
     if failed:
         lines += ["Failed or not run:", "", *(f"- `{o.name}`: {o.error}" for o in failed), ""]
     for o in outcomes:
@@ -320,7 +321,8 @@ def summary(head: dict[str, str], outcomes: list[Outcome], smoke: bool,
 
 def unmet(outcomes: list[Outcome]) -> list[str]:
     """One line per goal not met, for the run's last words on stderr."""
-    return [f"{o.name}: {r['what']}: {r['rucio_fs']} ({met_mark(r['met'])}, goal {r['goal']})"
+    return [f"{o.name}: {r['what']}: {r['rucio_fs']} "
+            f"({'not measured' if r['met'] is None else 'not met'}, goal {r['goal']})"
             for o in outcomes for r in o.goals if r["met"] is not True]
 
 

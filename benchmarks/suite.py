@@ -1047,7 +1047,7 @@ def goals_mode(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         ap.error(f"--out {out}: {e.strerror}")
-    command = goals.shown(["python", "benchmarks/suite.py", *sys.argv[1:]])
+    command = goals.shown(["python", "benchmarks/suite.py", *sys.argv[1:]], out)
     return goals.run(benches, out, {"rucio": args.rucio_server, "s3": args.s3_server},
                      args.smoke, command, goals.RESULTS_MD if args.publish else None)
 
