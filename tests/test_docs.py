@@ -1,4 +1,5 @@
-"""The docs as a user meets them: the README's tour runs as printed (on the demo catalog),
+"""The docs as a user meets them: every block marked runnable (the README's tour, the
+manual pages' examples on the demo and memory catalogs) runs as printed,
 every relative link points at a file that exists, every option a ``rucio-fs`` command line in
 the docs uses exists, and every option of ``rucio-fs mount`` is documented."""
 
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import click
+import pytest
 from conftest import REPO, find_mount
 
 from rucio_fs.cli.commands import cli
@@ -90,24 +92,63 @@ def test_every_option_of_every_command_is_documented():
     assert not missing, f"options no doc names: {missing}"
 
 
-def test_the_readme_tour_runs_as_printed(tmp_path):
-    readme = (REPO / "README.md").read_text()
-    tour = readme.split("## A short tour", 1)[1]
-    block = code_blocks(tour)[0]
-    script = "\n".join(["set -e", *block])
+RUNNABLE = "runnable"
+FAILS = re.compile(r"^(?P<command>.+?)\s+# fails\b")
+
+
+def runnable_blocks() -> list[tuple[str, list[str]]]:
+    """Every code block of README.md and docs/ whose info string says ``runnable`` (```` ```sh
+    runnable ````), named by file and line: blocks that run as printed on the demo or memory
+    catalog, from an empty home directory."""
+    found = []
+    for doc in DOCS:
+        lines = doc.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
+            if line.startswith("```") and RUNNABLE in line.split()[1:]:
+                block = lines[number:lines.index("```", number)]
+                found.append((f"{doc.relative_to(REPO)}:{number}", block))
+    return found
+
+
+def as_script(block: list[str]) -> str:
+    """The block as a ``set -e`` script in which a line whose comment begins ``# fails`` must
+    fail (the docs show a refusal there) and every other line must succeed."""
+    script = ["set -e"]
+    for line in block:
+        refused = FAILS.match(line)
+        if refused:
+            command = refused["command"]
+            script.append(f"if {command}; then echo 'succeeded, the docs say it fails: "
+                          f"{command}' >&2; exit 1; fi")
+        else:
+            script.append(line)
+    return "\n".join(script)
+
+
+def test_the_readme_tour_and_the_manual_pages_have_runnable_blocks():
+    where = {name.split(":")[0] for name, _ in runnable_blocks()}
+    assert {"README.md", "docs/usage.md", "docs/integrity.md",
+            "docs/backends/memory.md"} <= where, where
+
+
+@pytest.mark.parametrize("where, block", runnable_blocks(), ids=lambda v: v
+                         if isinstance(v, str) else "")
+def test_every_runnable_block_runs_as_printed(where, block, tmp_path):
     home = tmp_path / "home"
     home.mkdir()
     env = {**os.environ, "HOME": str(home),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     try:
-        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
-                              env=env, timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "file-010000.dat" in done.stdout and "rucio://" in done.stdout
+        done = subprocess.run(["bash", "-c", as_script(block)], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=600)
+        assert done.returncode == 0, f"{where}: {done.stderr[-3000:]}"
+        assert done.stdout.strip() and "Traceback" not in done.stderr, where
+        if where.startswith("README.md"):
+            assert "file-010000.dat" in done.stdout and "rucio://" in done.stdout
     finally:
-        for name in ("demo", "cold"):
-            if find_mount(str(home / name)) is not None:
-                subprocess.run(["fusermount3", "-u", "-z", str(home / name)])
+        for mountpoint in sorted(home.iterdir()):
+            if find_mount(str(mountpoint)) is not None:
+                subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)])
 
 
 def test_the_configuration_page_lists_every_mount_option_as_the_command_has_it():
