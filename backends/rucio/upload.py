@@ -95,6 +95,8 @@ BATCH_MAX = 500
 LISTED_CHECK_MAX = 10_000
 #: Most storage paths asked in one request (names in its URL).
 PFN_BATCH_MAX = 50
+#: The scheme a read-back asks PFNs in: no RSE protocol has it, so the server builds none.
+_NO_SCHEME = "rucio-fs-states-only"
 #: How long a replica read back AVAILABLE by its upload answers for ``confirm``.
 VERIFIED_TTL = 30.0
 #: How long whether a dataset is open is remembered.
@@ -212,7 +214,7 @@ class Uploads:
             if target.parent is not None:
                 nursery.start_soon(attached)
         line = found.get("replica") or {}
-        if not verified and (self.rse not in (line.get("rses") or {}) or not _same_file(
+        if not verified and (not _available_on(line, self.rse) or not _same_file(
                 line, expected.size, expected.version, expected.checksums.get("md5", ""))):
             raise Unconfirmed(f"{did}: no AVAILABLE replica on {self.rse} with "
                               f"{expected.size} bytes and adler32 {expected.version}")
@@ -307,7 +309,7 @@ class Uploads:
         failures: dict[_File, RucioFsError] = {}
         for f in files:
             record = held.get(f.did) or {}
-            if self.rse not in (record.get("rses") or {}) or not _same_file(
+            if not _available_on(record, self.rse) or not _same_file(
                     record, f.size, f.adler32, f.md5):
                 failures[f] = Unavailable(f"{f.did}: no AVAILABLE replica on {self.rse} "
                                           "after making it so")
@@ -344,11 +346,12 @@ class Uploads:
 
     async def _replicas(self, dids: list[Did], all_states: bool = True
                         ) -> dict[Did, Mapping[str, Any]]:
-        """The catalog's records of files ``dids`` with their replicas (each state's, or
-        the AVAILABLE ones)."""
+        """The catalog's records of files ``dids`` with their replicas' states per RSE
+        (each state's, or the AVAILABLE ones), without PFNs: a scheme no protocol has makes
+        the server skip building them, about a third of its work for a list."""
         wanted = set(dids)
         body = {"dids": [{"scope": did.scope, "name": did.name} for did in dids],
-                "all_states": all_states}
+                "all_states": all_states, "schemes": [_NO_SCHEME]}
         found: dict[Did, Mapping[str, Any]] = {}
         async for line in self.api.ndjson("POST", "/replicas/list", json=body,
                                           what=f"replicas of {len(dids)} file(s)"):
@@ -633,6 +636,11 @@ def _did_of(line: Mapping[str, Any]) -> Did:
 
 def _checksums(data: bytes) -> tuple[str, str]:
     return f"{zlib.adler32(data):08x}", hashlib.md5(data).hexdigest()
+
+
+def _available_on(record: Mapping[str, Any], rse: str) -> bool:
+    """Whether a ``/replicas/list`` record says the file's replica on ``rse`` is AVAILABLE."""
+    return (record.get("states") or {}).get(rse) == "AVAILABLE"
 
 
 def _same_file(record: Mapping[str, Any], size: int, adler32: str, md5: str) -> bool:
