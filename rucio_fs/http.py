@@ -428,11 +428,14 @@ class ApiClient:
                             what: str, sent: Mapping[str, str]) -> httpx.Response:
         refreshed = False
         delays = iter(self.retry.delays())
+        sends = 0
         while True:
             failure: str
             try:
                 self.counters["requests"] += 1
+                sends += 1
                 response = await once()
+                response.extensions[SENDS] = sends
             except httpx.TransportError as exc:
                 if untrusted_certificate(exc):
                     raise Unavailable(f"{what}: {certificate_advice(exc)}") from None
@@ -450,6 +453,17 @@ class ApiClient:
                 raise Unavailable(f"{what}: {failure} after {self.retry.attempts} attempts")
             self.counters["retries"] += 1
             await trio.sleep(delay)
+
+
+#: The key of a response's ``extensions`` that says how many times its request was sent.
+SENDS = "rucio_fs.sends"
+
+
+def sent_once(response: httpx.Response) -> bool:
+    """Whether the answer is to the request's first send: no earlier try (failed, timed out,
+    refused for credentials) may have done or half-done the work before it (an
+    :class:`ApiClient` answer; any other counts as sent once)."""
+    return response.extensions.get(SENDS, 1) == 1
 
 
 def _forget_body(response: httpx.Response) -> None:

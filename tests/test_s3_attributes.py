@@ -521,25 +521,53 @@ def test_an_error_in_a_200_answer_is_the_error_its_code_means():
         result(httpx.Response(200, content=b"<Error><Code>InternalError</Code></Error>"), "k")
 
 
-def test_an_upload_its_time_and_its_rename_cost_one_head(url, prefix, client):
+def test_an_upload_its_time_and_its_rename_cost_no_head(url, prefix, client):
     """What `rsync -a` does with each file: upload a temporary name, set its time, rename it.
-    The HEAD that confirmed the upload serves both copies (each keeps the HEAD of its own
-    result), and nothing of the foreign metadata or content headers is lost on the way."""
+    The PUT's answer proves the upload and tells what a HEAD would; each copy keeps the HEAD
+    of its own result, and nothing of the foreign metadata or content headers is lost on the
+    way: one request per step (PUT, copy, copy, DELETE)."""
 
-    async def rsync_like(backend: Backend) -> tuple[Entry, int]:
+    async def rsync_like(backend: Backend) -> tuple[Entry, dict[str, int]]:
+        started = backend.counters()["api_requests"]
         sent = await backend.put("/.f.XXXX", b"content", Attributes(mode=0o600))
         entry = await backend.confirm("/.f.XXXX", sent)
         entry = await backend.set_attributes("/.f.XXXX", entry,
                                              Attributes(mtime_ns=PAST_NS, mode=0o640))
         moved = await backend.rename("/.f.XXXX", "/f", entry)
-        return moved, backend.counters()["heads_saved"]
+        return moved, {**backend.counters(),
+                       "sent": backend.counters()["api_requests"] - started}
 
-    moved, saved = backend_run(url, rsync_like)
-    assert saved == 2
+    moved, counters = backend_run(url, rsync_like)
+    assert (counters["confirmed_by_put"], counters["heads_saved"]) == (1, 2), counters
+    assert counters["sent"] == 4, counters
     assert (moved.mtime_ns, moved.mode) == (PAST_NS, 0o640)
     assert stored_metadata(client, f"{prefix}/f") == {
         "mtime": format_mtime(PAST_NS), "mode": str(stat.S_IFREG | 0o640)}
     assert client.get_object(Bucket="test", Key=f"{prefix}/f")["Body"].read() == b"content"
+
+
+def test_a_small_upload_is_one_request_unless_its_put_was_sent_again(endpoint, prefix,
+                                                                      client):
+    """A PUT answered on its first send with the MD5 of its body is proved by that answer:
+    no HEAD. One sent again after a failure (the failed send may have done the work, or the
+    answer may not be the server's) is proved by a HEAD, which finds what the server holds."""
+    from fault_proxy import fault_proxy
+
+    async def upload(backend: Backend) -> dict[str, int]:
+        started = backend.counters()["api_requests"]
+        for name in ("/first", "/again"):
+            sent = await backend.put(name, name.encode(), Attributes(mode=0o600))
+            await backend.confirm(name, sent)
+        return {**backend.counters(), "sent": backend.counters()["api_requests"] - started}
+
+    with fault_proxy(endpoint) as proxy:
+        proxy.inject("error", "/again", times=1, method="PUT")
+        counters = run_with(f"s3://test/{prefix}?endpoint_url={proxy.url}", upload)
+    assert counters["confirmed_by_put"] == 1, counters
+    assert counters["sent"] == 1 + 3, counters  # PUT; PUT, PUT again, HEAD
+    for name in ("first", "again"):
+        assert client.get_object(Bucket="test", Key=f"{prefix}/{name}")["Body"].read() == \
+            f"/{name}".encode()
 
 
 def test_a_kept_head_of_another_version_is_not_used(url, prefix, client):

@@ -22,13 +22,15 @@ presigned URL through the core's read path.
 
 Writes (see :mod:`rucio_fs.write.writeback`): a file up to ``part_size`` is one PUT, a larger one a
 multipart upload whose parts are sent while it is written. Every body carries ``Content-MD5``,
-which S3 checks. ``unlink`` is DELETE; ``mkdir`` PUTs a marker; ``rmdir`` removes an empty
-directory's marker; renaming a file is a server-side copy then DELETE (multipart copy above
-5 GiB). Renaming a directory is refused with EXDEV, a documented limit: S3 has no directory
-to rename, and ``mv`` then copies and deletes the tree itself. Extended attributes:
-``user.s3.etag``, ``user.s3.storage_class``, and ``user.s3.meta.<key>`` for user metadata,
-which ``setxattr``/``removexattr`` rewrite with a copy-in-place (but for the attributes'
-headers below, which ``stat`` shows and ``chmod``, ``chown`` and ``touch`` set).
+which S3 checks; a PUT sent once and answered with its body's MD5 as ETag is confirmed by that
+answer, every other upload by a HEAD. ``unlink`` is DELETE; ``mkdir`` PUTs a marker;
+``rmdir`` removes an empty directory's marker; renaming a file is a server-side copy then
+DELETE (multipart copy above 5 GiB). Renaming a directory is refused with EXDEV, a documented
+limit: S3 has no directory to rename, and ``mv`` then copies and deletes the tree itself.
+Extended attributes: ``user.s3.etag``, ``user.s3.storage_class``, and ``user.s3.meta.<key>``
+for user metadata, which ``setxattr``/``removexattr`` rewrite with a copy-in-place (but for
+the attributes' headers below, which ``stat`` shows and ``chmod``, ``chown`` and ``touch``
+set).
 
 Attributes (``chmod``, ``chown``, times) are user metadata in the headers s3fs-fuse writes
 and reads, so that s3fs and rclone mounts of the same bucket show them: ``x-amz-meta-mtime``,
@@ -113,7 +115,14 @@ from rucio_fs.errors import (
     Unavailable,
     Unconfirmed,
 )
-from rucio_fs.http import ApiClient, RangeReader, client_counters, quote_path, tls_context
+from rucio_fs.http import (
+    ApiClient,
+    RangeReader,
+    client_counters,
+    quote_path,
+    sent_once,
+    tls_context,
+)
 from rucio_fs.identity import CallerCredentials, caller_source
 from rucio_fs.kept_file import KeptFile
 from rucio_fs.tasks import open_nursery
@@ -281,6 +290,8 @@ class S3Backend(Backend):
         #: the answer): what the next metadata copy of it keeps, if its ETag still matches
         #: (`rsync` uploads, sets the time, then renames: one HEAD for the three).
         self._heads: LRUCache[str, dict[str, str]] = LRUCache(HEADS_KEPT)
+        #: Objects whose PUT answer proved them (key -> ETag): their ``confirm`` needs no HEAD.
+        self._proven: LRUCache[str, str] = LRUCache(HEADS_KEPT)
         #: Where the memo is kept for the next mounts (``--cache-dir``), else None.
         self._kept_dir: Path | None = None
         self._kept_memo: KeptFile | None = None
@@ -696,16 +707,27 @@ class S3Backend(Backend):
 
     async def put(self, path: str, data: bytes, attributes: Attributes = NO_ATTRIBUTES
                   ) -> Entry:
-        """One PUT carrying the set ``attributes`` as metadata."""
+        """One PUT carrying the set ``attributes`` as metadata.
+
+        The answer proves the object when the request was sent once and its ETag is the MD5
+        of the bytes (which the server checked against ``Content-MD5``): the server computed
+        it from the body it stored. Then :meth:`confirm` sends no HEAD. After a retry an
+        earlier send may have done the work (or the answer may not be the server's own), and
+        a server whose ETags are not MD5s proves nothing by them: those get the HEAD."""
         key = self._key(path)
         stored = StoredAttributes().then(attributes)
         digest = await md5_of(data)
+        headers = self._metadata_headers(stored, Kind.FILE)
         response = await self._request(
             "PUT", self._url_path(key), what=f"PUT {key}", content=data,
-            headers={"Content-MD5": content_md5(digest),
-                     **self._metadata_headers(stored, Kind.FILE)})
+            headers={"Content-MD5": content_md5(digest), **headers})
         etag = self._predicted(digest.hex(), response.headers.get("etag", ""), key)
         self.memo.remember(key, etag, None, stored)
+        self._proven.pop(key, None)
+        if sent_once(response) and _etag(response) == digest.hex():
+            self._proven[key] = etag
+            # What a HEAD of the new object answers: its attribute changes need not ask.
+            self._keep(key, {**headers, "content-length": str(len(data)), "etag": f'"{etag}"'})
         return stored.shown_by(Entry(name=path.rpartition("/")[2], kind=Kind.FILE,
                                      size=len(data), mtime_ns=time.time_ns(), version=etag))
 
@@ -723,8 +745,13 @@ class S3Backend(Backend):
         return predicted
 
     async def confirm(self, path: str, expected: Entry) -> Entry:
-        """One HEAD of the key: there, with the size and ETag of what was sent."""
+        """The server holds the object ``expected`` describes: proved by the answer of the
+        PUT that made it (see :meth:`put`), else by one HEAD of the key, with the size and
+        ETag of what was sent."""
         key = self._key(path)
+        if expected.version and self._proven.pop(key, None) == expected.version:
+            self.counters_extra["confirmed_by_put"] += 1
+            return expected
         try:
             head = await self._head(key)
         except NotFound:
@@ -771,6 +798,7 @@ class S3Backend(Backend):
 
     async def unlink(self, path: str) -> None:
         key = self._key(path)
+        self._proven.pop(key, None)
         await self._request("DELETE", self._url_path(key), expect=(200, 204),
                             what=f"DELETE {key}")
         self.memo.forget(key)
