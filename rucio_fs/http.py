@@ -461,9 +461,9 @@ SENDS = "rucio_fs.sends"
 
 def sent_once(response: httpx.Response) -> bool:
     """Whether the answer is to the request's first send: no earlier try (failed, timed out,
-    refused for credentials) may have done or half-done the work before it (an
-    :class:`ApiClient` answer; any other counts as sent once)."""
-    return response.extensions.get(SENDS, 1) == 1
+    refused for credentials) may have done or half-done the work before it. Only an
+    :class:`ApiClient` answer can say so: any other is not taken as sent once."""
+    return response.extensions.get(SENDS) == 1
 
 
 def _forget_body(response: httpx.Response) -> None:
