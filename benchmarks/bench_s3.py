@@ -14,7 +14,8 @@ Experiments (the same server, one run):
 * ``rsync``: ``rsync -a`` of GeeseFS's small-file tree (below), its files and directories
   given distinct old times (some with nanoseconds) and a few modes, from local disk into an
   empty prefix through rucio-fs (``--write-back sync`` and ``async``), rclone and s3fs in turn:
-  the first run (async: until ``rucio-fs uploads --wait`` returns, the data on the server),
+  the first run (rucio-fs: until ``rucio-fs uploads --wait`` returns, everything on the
+  server: async, the uploads; sync, the times and modes held back for a rename),
   a second run on the same mount, and a second run on a new mount of the prefix (memory
   caches cold; rucio-fs mounts with one ``--cache-dir`` for both, as a user who syncs again
   does, so the new mount starts from the file attributes the first one learned).
@@ -254,7 +255,7 @@ def exp_rsync(env: dict, root: Path, files: int, peers: list[str], logs: Path) -
         if not kind.startswith("rucio-fs") and kind not in peers:
             continue
         prefix = f"rsync-{kind}-{uuid.uuid4().hex[:6]}"
-        wait = "async" in options
+        wait = kind == "rucio-fs"
         runs = {}
         for mount_no, run_names in enumerate([("first", "again"), ("remount",)], start=1):
             log = logs / f"{name.replace(' ', '-')}-{mount_no}.log"

@@ -488,6 +488,14 @@ class Backend(ABC):
         the entry at ``new``. CrossDevice when this backend cannot move it in place."""
         raise NotSupported(f"{self.scheme}: rename is not supported")
 
+    async def rename_with(self, old: str, new: str, entry: Entry, attributes: Attributes
+                          ) -> Entry:
+        """:meth:`rename`, the moved path also storing the set ``attributes`` (as
+        :meth:`set_attributes` would). By default the two steps one after the other; a
+        backend whose move can carry them does it in one (S3: the copy's metadata)."""
+        moved = await self.rename(old, new, entry)
+        return await self.set_attributes(new, moved, attributes) if attributes else moved
+
     async def truncate(self, path: str, size: int) -> Entry:
         """Cut or extend (with zeros) file ``path`` to ``size`` (``Capability.TRUNCATE``)."""
         raise NotSupported(f"{self.scheme}: truncate is not supported")

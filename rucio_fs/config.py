@@ -122,8 +122,16 @@ class MountConfig:
     #: durably on local disk, with the upload (and mkdir, unlink, rmdir) queued in order.
     write_back: str = field(default="sync", metadata=_option(
         "--write-back", "sync: close returns once the server holds the file; async: once the "
-        "file is staged durably on local disk, the upload (and mkdir/unlink/rmdir) queued in "
-        "order and replayed after a crash (see docs/writing.md).", "text"))
+        "file is staged on local disk (see --durable), the upload (and mkdir/unlink/rmdir) "
+        "queued in order and replayed after a crash (see docs/writing.md).", "text"))
+    #: With async write-back, when a returned ``close`` survives a power cut: ``fsync`` (as
+    #: on a local file system: at an fsync of the file or its directory, or at unmount; a
+    #: crash of the daemon loses nothing either way) or ``close`` (every close syncs).
+    durable: str = field(default="fsync", metadata=_option(
+        "--durable", "With async write-back, what makes a closed file survive a power cut: "
+        "fsync (an fsync of the file or its directory, or unmount, as on a local file "
+        "system; a close survives a crash of the daemon) or close (every close syncs its "
+        "staged bytes and the journal).", "text"))
     write_back_parallelism: int = field(default=0, metadata=_option(
         "--write-back-parallelism", "Most queued changes carried out at once (async "
         "write-back); 0: the catalog's own (16; Rucio 128, whose registrations go "
@@ -185,6 +193,8 @@ class MountConfig:
             raise InvalidInput("shared-timeout must be positive and at most 10 s")
         if self.write_back not in ("sync", "async"):
             raise InvalidInput(f"write-back {self.write_back!r}: expected sync or async")
+        if self.durable not in ("fsync", "close"):
+            raise InvalidInput(f"durable {self.durable!r}: expected fsync or close")
         if not 0 <= self.write_back_parallelism <= 1024:
             raise InvalidInput("write-back-parallelism must be between 0 and 1024")
         if self.backend_timeout <= 0:

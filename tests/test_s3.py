@@ -7,6 +7,7 @@ import errno
 import hashlib
 import os
 import random
+import signal
 import stat
 import subprocess
 import time
@@ -152,6 +153,98 @@ def test_cp_r_of_500_files_then_rm_r_match_the_server(mount_fs, s3_server, tmp_p
     assert os.listdir(mnt.path) == []
 
 
+def fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_a_time_and_mode_set_on_a_stored_file_are_held_for_its_rename(mount_fs, s3_server,
+                                                                       tmp_path):
+    """The promise of a time or mode set with synchronous write-back: the mount shows it at
+    once; the server has it within a few seconds, at the file's rename (which carries it: no
+    request of its own), at ``fsync``, at unmount, or after a crash at the next mount; a
+    removal makes it moot; new content written after it keeps its mode and takes the
+    write's time. (`rsync -a`: temporary file, its time and mode, rename.)"""
+    prefix = unique("held")
+    client = s3_server.client()
+    staging = ("--staging-dir", str(tmp_path / "staging"))
+    mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, *staging)
+    root = mnt.path
+    past = 1_300_000_000 * 10**9
+
+    def stored(name: str) -> dict[str, str]:
+        return client.head_object(Bucket="test", Key=f"{prefix}/{name}")["Metadata"]
+
+    def calls(name: str) -> int:
+        return mnt.backend_calls(name)
+
+    for name in ("tmp", "kept", "synced", "gone", "rewritten", "crashed"):
+        (root / name).write_bytes(name.encode())
+    before = (calls("set_attributes"), calls("rename"))
+    os.utime(root / "tmp", ns=(past, past))
+    os.chmod(root / "tmp", 0o600)
+    shown = os.stat(root / "tmp")
+    assert (shown.st_mtime_ns, stat.S_IMODE(shown.st_mode)) == (past, 0o600)
+    os.rename(root / "tmp", root / "final")
+    assert stored("final") == {"mtime": "1300000000", "mode": str(stat.S_IFREG | 0o600)}
+    assert (calls("set_attributes"), calls("rename")) == (before[0], before[1] + 1)
+    assert "tmp" not in server_keys(client, prefix)
+
+    os.chmod(root / "synced", 0o640)
+    fsync(root / "synced")
+    assert stored("synced")["mode"] == str(stat.S_IFREG | 0o640)
+
+    os.chmod(root / "gone", 0o600)
+    os.unlink(root / "gone")
+    assert "gone" not in server_keys(client, prefix)
+
+    os.utime(root / "rewritten", ns=(past, past))
+    os.chmod(root / "rewritten", 0o700)
+    started = time.time_ns()
+    with open(root / "rewritten", "ab") as f:
+        f.write(b" again")
+    fsync(root / "rewritten")
+    assert stored("rewritten") == {"mode": str(stat.S_IFREG | 0o700)}  # time: the upload's
+    mnt.drop()
+    assert os.stat(root / "rewritten").st_mtime_ns >= started - 10**9
+
+    os.chmod(root / "kept", 0o604)
+    wait_for(lambda: stored("kept").get("mode") == str(stat.S_IFREG | 0o604), timeout=10)
+    assert calls("set_attributes") == before[0] + 2  # kept's and synced's own requests
+
+    os.chmod(root / "crashed", 0o606)
+    pid = mnt.stats()["pid"]
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"))
+    subprocess.run(["fusermount3", "-u", "-z", str(root)], capture_output=True)
+    again = mount_s3(mount_fs, s3_server.endpoint, prefix, *staging)
+    wait_for(lambda: stored("crashed").get("mode") == str(stat.S_IFREG | 0o606), timeout=10)
+    assert stat.S_IMODE(os.stat(again.path / "crashed").st_mode) == 0o606
+
+
+def test_a_walk_completes_the_names_ahead_of_its_lookups(mount_fs, s3_server):
+    """`rsync` into a tree on a new mount looks its names up one at a time, and each needs a
+    HEAD (a listing carries no stored attributes). While the mount answers one lookup it asks
+    for the next names: every name shows what it stores, each is asked for once, and several
+    are asked for at a time."""
+    prefix = unique("ahead")
+    client = s3_server.client()
+    names = [f"f{i:02d}" for i in range(40)]
+    for i, name in enumerate(names):
+        client.put_object(Bucket="test", Key=f"{prefix}/d/{name}", Body=b"x",
+                          Metadata={"mode": str(stat.S_IFREG | 0o600 | (i % 4) << 3)})
+    mnt = mount_s3(mount_fs, s3_server.endpoint, prefix)
+    before = mnt.backend_calls("stat")
+    for i, name in enumerate(names):
+        assert stat.S_IMODE(os.lstat(mnt.path / "d" / name).st_mode) == 0o600 | (i % 4) << 3
+    stats = mnt.stats()["backend"]["stat"]
+    assert stats["latency"]["count"] - before == 1 + len(names)  # d, then each name once
+    assert stats["peak"] > 1
+
+
 def test_namespace_operations(mount_fs, s3_server):
     prefix = unique("ops")
     mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, "--xattrs")
@@ -185,6 +278,7 @@ def test_namespace_operations(mount_fs, s3_server):
     # Mode and times are stored in s3fs's metadata headers, and read back after a remount.
     os.chmod(root / "b", 0o600)
     os.utime(root / "b", ns=(1_000_000_123_456_789, 1_000_000_123_456_789))
+    fsync(root / "b")  # what is held back for a rename goes to the server now
     metadata = s3_server.client().head_object(Bucket="test", Key=f"{prefix}/b")["Metadata"]
     assert metadata == {"mode": str(stat.S_IFREG | 0o600), "mtime": "1000000.123456789"}
     mnt.drop()

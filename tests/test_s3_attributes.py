@@ -20,7 +20,13 @@ import httpx
 import pytest
 import trio
 from rucio_fs.backends.s3 import backend as s3_backend
-from rucio_fs.backends.s3.metadata import format_mtime, parse_mode, parse_mtime, read_attributes
+from rucio_fs.backends.s3.metadata import (
+    DATE_LAG_S,
+    format_mtime,
+    parse_mode,
+    parse_mtime,
+    read_attributes,
+)
 from rucio_fs.backends.s3.pages import result
 
 from rucio_fs import errors
@@ -706,6 +712,33 @@ def test_a_later_mount_shows_kept_attributes_of_unchanged_objects_without_a_head
     assert (d.mtime_ns, d.mode) == (PAST_NS, 0o750)
     assert g.complete and (g.mtime_ns, g.mode) == (PAST_NS, 0o640)
     assert sent == 3  # the root's listing, d's marker's HEAD, d's listing
+
+
+def test_uploads_never_listed_are_kept_for_the_next_mount(url, prefix, client, tmp_path):
+    """`rsync -a` into a new tree, then again on a new mount: the files this mount uploaded
+    were never listed or asked for (the answer to their PUT proves them), yet the next mount
+    shows what they store without a HEAD apiece: the PUT's answer was dated, and an object
+    last modified by then is the one uploaded. The same bytes written again later by another
+    client, with other attributes, are not taken for it."""
+    state = tmp_path / "state"
+
+    async def upload(backend: Backend) -> None:
+        for name in ("a", "b"):
+            await backend.put(f"/{name}", b"same", Attributes(mtime_ns=PAST_NS, mode=0o600))
+
+    kept_run(url, state, upload)
+    time.sleep(DATE_LAG_S + 1.1)  # a Last-Modified after the PUT's answer, give or take
+    client.put_object(Bucket="test", Key=f"{prefix}/b", Body=b"same",
+                      Metadata={"mtime": "1600000000", "mode": str(stat.S_IFREG | 0o644)})
+
+    async def again(backend: Backend) -> tuple[dict[str, Entry], int]:
+        before = requests(backend)
+        return await listed(backend), requests(backend) - before
+
+    shown, sent = kept_run(url, state, again)
+    assert sent == 1  # the listing
+    assert shown["a"].complete and (shown["a"].mtime_ns, shown["a"].mode) == (PAST_NS, 0o600)
+    assert not shown["b"].complete  # its HEAD tells what it stores now
 
 
 def test_kept_attributes_of_objects_changed_since_are_not_shown(url, prefix, client,

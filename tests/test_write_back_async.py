@@ -270,15 +270,17 @@ def test_the_server_down_during_the_copy_then_a_kill_loses_nothing(s3_catalog, m
     assert journal_records(Path(staging)) == []
 
 
-def test_what_close_promised_needs_only_the_synced_journal(s3_catalog, mount_fs, tmp_path):
-    """A power cut keeps only what was synced. An async close of a small file syncs its
-    content into the journal and nothing else, so losing every staging and arena file (all
-    unsynced) after ``kill -9`` must lose nothing whose close returned."""
+def test_what_a_durable_close_promised_needs_only_the_synced_journal(s3_catalog, mount_fs,
+                                                                     tmp_path):
+    """A power cut keeps only what was synced. With ``--durable close`` an async close of a
+    small file syncs its content into the journal and nothing else, so losing every staging
+    and arena file (all unsynced) after ``kill -9`` must lose nothing whose close
+    returned."""
     source = tmp_path / "source"
     small_tree(source, 30, seed=10)
     (source / "zero-length").write_bytes(b"")
     staging = tmp_path / "staging"
-    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT, "--durable", "close",
                    "--staging-dir", str(staging))
     os.listdir(mnt.path)
     with s3_catalog.server.gateway_down():
@@ -294,6 +296,58 @@ def test_what_close_promised_needs_only_the_synced_journal(s3_catalog, mount_fs,
     held = on_server(mount_fs, s3_catalog, tmp_path)
     assert {k[5:]: v for k, v in held.items() if k.startswith("tree/")} == snapshot(source)
     assert journal_records(staging) == []
+
+
+def test_a_close_syncs_nothing_unless_asked_and_fsync_is_the_power_cut_promise(
+        s3_catalog, mount_fs, tmp_path):
+    """As on a local disk, an async ``close`` syncs nothing (a crash of the daemon loses
+    nothing of it: ``test_kill_9_right_after_cp_loses_nothing``), and an ``fsync`` is what
+    survives a power cut: a power cut after it, modelled as the loss of everything the
+    staging directory holds (nothing there was synced), loses no file an ``fsync`` covered.
+    ``--durable close`` syncs at every close."""
+    source = tmp_path / "source"
+    small_tree(source, 20, seed=11)
+    staging = tmp_path / "staging"
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
+                   "--staging-dir", str(staging))
+    os.listdir(mnt.path)
+    with s3_catalog.server.gateway_down():
+        subprocess.run(["cp", "-r", str(source), str(mnt.path / "tree")], check=True)
+        assert "close_syncs" not in mnt.stats()["events"]
+    with open(mnt.path / "covered", "wb") as f:
+        f.write(b"fsync covered this")
+        os.fsync(f.fileno())
+    with s3_catalog.server.gateway_down():
+        (mnt.path / "uncovered").write_bytes(b"no fsync")
+        kill(mnt)
+        for path in staging.iterdir():  # the power cut
+            path.unlink()
+    held = on_server(mount_fs, s3_catalog, tmp_path)
+    assert held.get("covered") == b"fsync covered this"
+    durable = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, "--durable", "close",
+                       "--staging-dir", str(tmp_path / "durable"))
+    subprocess.run(["cp", "-r", str(source), str(durable.path / "tree2")], check=True)
+    assert durable.stats()["events"]["close_syncs"] == len(
+        [p for p in source.rglob("*") if p.is_file()])
+
+
+def test_a_pending_file_renamed_onto_a_removed_name_keeps_its_content(s3_catalog, mount_fs,
+                                                                       tmp_path):
+    """``rm b; mv a b`` while ``a``'s upload is queued: the removal of ``b`` was queued after
+    that upload, and must not run after it (the server would lose ``a``'s content)."""
+    prefix = s3_catalog.url.split("/", 3)[3]
+    s3_catalog.server.seed(prefix, {"b": b"old b"})
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT, "--staging-dir",
+                   str(tmp_path / "staging"))
+    root = mnt.path
+    os.listdir(root)
+    with s3_catalog.server.gateway_down():
+        (root / "a").write_bytes(b"new content")
+        os.unlink(root / "b")
+        os.rename(root / "a", root / "b")
+        assert (root / "b").read_bytes() == b"new content"
+    drained(mnt)
+    assert on_server(mount_fs, s3_catalog, tmp_path) == {"b": b"new content"}
 
 
 def test_write_rename_unlink_and_mkdir_are_replayed_in_order(s3_catalog, mount_fs, tmp_path):

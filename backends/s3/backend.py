@@ -245,6 +245,12 @@ def _last_modified_ns(response: httpx.Response) -> int:
     return _http_date_ns(response.headers.get("last-modified"))
 
 
+def _date_s(response: httpx.Response) -> int | None:
+    """The second the server dated its answer (``Date``), None without one."""
+    ns = _http_date_ns(response.headers.get("date"))
+    return _seconds(ns) if ns else None
+
+
 def _pin_mtime(metadata: dict[str, str], head: httpx.Response) -> None:
     """Store the object's Last-Modified as its ``mtime`` if it stores none: the copy about to
     be made would otherwise show as a modification."""
@@ -722,7 +728,7 @@ class S3Backend(Backend):
             "PUT", self._url_path(key), what=f"PUT {key}", content=data,
             headers={"Content-MD5": content_md5(digest), **headers})
         etag = self._predicted(digest.hex(), response.headers.get("etag", ""), key)
-        self.memo.remember(key, etag, None, stored)
+        self.memo.remember(key, etag, None, stored, _date_s(response))
         self._proven.pop(key, None)
         if sent_once(response) and _etag(response) == digest.hex():
             self._proven[key] = etag
@@ -863,12 +869,21 @@ class S3Backend(Backend):
         """A HEAD, a copy to the new key with every header and metadata of the object (its
         time stored as ``mtime`` when it had none: a rename is no modification), then a
         DELETE of the old key."""
+        return await self.rename_with(old, new, entry, NO_ATTRIBUTES)
+
+    async def rename_with(self, old: str, new: str, entry: Entry, attributes: Attributes
+                          ) -> Entry:
+        """:meth:`rename`, whose copy also carries the set ``attributes`` (no request of
+        their own: `rsync` sets a file's time and mode just before it renames it)."""
         if entry.is_dir:
             raise CrossDevice(f"{old}: S3 cannot rename a directory in place (mv copies it)")
         source, target = self._key(old), self._key(new)
         head = await self._head_for_change(source, entry.version)
         metadata = user_metadata(head.headers)
         _pin_mtime(metadata, head)
+        if attributes:
+            kind = read_attributes(metadata, marker=False).kind
+            metadata.update(written_metadata(StoredAttributes(kind).then(attributes), kind))
         etag, modified_s, size = await self._copy_replacing(source, target, head, metadata)
         await self.unlink(old)
         stored = read_attributes(metadata, marker=False)
@@ -1027,7 +1042,7 @@ class S3Backend(Backend):
                      "Content-Type": "application/octet-stream",
                      **self._metadata_headers(stored, Kind.SYMLINK)})
         etag = self._predicted(digest.hex(), response.headers.get("etag", ""), key)
-        self.memo.remember(key, etag, None, stored)
+        self.memo.remember(key, etag, None, stored, _date_s(response))
         return stored.shown_by(Entry(name=path.rpartition("/")[2], kind=Kind.SYMLINK,
                                      size=len(data), version=etag))
 

@@ -59,6 +59,9 @@ ATTRIBUTE_NAMES = frozenset({MTIME, MODE, UID, GID})
 SYMLINK_MODE = stat.S_IFLNK | 0o777
 #: Keys whose attributes one backend remembers (see :class:`AttributeMemo`).
 MEMO_KEYS = 100_000
+#: How far a server's ``Date`` may lag the Last-Modified it gives an object it just wrote,
+#: in seconds (versitygw's HTTP server renews its ``Date`` once a second: 1 s behind).
+DATE_LAG_S = 2
 
 _SECONDS = re.compile(r"^(-?)(\d+)(?:\.(\d*))?$")
 _DIGITS = re.compile(r"^\d+$")
@@ -195,6 +198,11 @@ class _Remembered:
     #: answer does not say).
     modified_s: int | None
     stored: StoredAttributes
+    #: While ``modified_s`` is None: the second of the ``Date`` of the answer to the request
+    #: that wrote the object (None: unknown). The object was modified by then (give or take
+    #: :data:`DATE_LAG_S`), so a listed Last-Modified after that is a later write of the
+    #: same bytes.
+    written_by_s: int | None = None
 
 
 class AttributeMemo:
@@ -220,15 +228,18 @@ class AttributeMemo:
         self.enabled = True
 
     def remember(self, key: str, etag: str, modified_s: int | None,
-                 stored: StoredAttributes) -> None:
+                 stored: StoredAttributes, written_by_s: int | None = None) -> None:
         """``key``, as the object with ``etag`` last modified at ``modified_s``, stores
-        ``stored`` (nothing stored: forgotten)."""
+        ``stored`` (nothing stored: forgotten). ``modified_s`` None: not known yet, but
+        at the latest ``written_by_s`` when given (the server's answer to the write was
+        dated then)."""
         if not self.enabled:
             return
         with self._lock:
             self._kept.pop(key, None)
             if stored and etag:
-                self._keys[key] = _Remembered(etag, modified_s, stored)
+                self._keys[key] = _Remembered(etag, modified_s, stored,
+                                              None if modified_s is not None else written_by_s)
             else:
                 self._keys.pop(key, None)
 
@@ -251,6 +262,9 @@ class AttributeMemo:
             if known is None or known.etag != etag:
                 return None
             if known.modified_s is None:
+                if (known.written_by_s is not None
+                        and modified_s > known.written_by_s + DATE_LAG_S):
+                    return None  # the same bytes written again since
                 self._keys[key] = _Remembered(etag, modified_s, known.stored)
             elif known.modified_s != modified_s:
                 return None
@@ -273,15 +287,18 @@ class AttributeMemo:
     def records(self) -> list[list]:
         """What a later mount may start from (:meth:`restore`), least recently used first
         (an earlier mount's records this one never used come first), at most the memo's
-        size: the objects whose Last-Modified is known, as JSON values. Directory markers
+        size: the objects whose Last-Modified is known or bounded (this mount's uploads
+        never listed since), as JSON values. Directory markers
         are left out: a listing of their parent does not show them, and a server that keeps
         a marker's Last-Modified through a change of its metadata (versitygw) would make a
         check of them by their own listing wrong."""
         with self._lock:
             learned = [[key, r.etag, r.modified_s, r.stored.kind.value, r.stored.mtime_ns,
-                        r.stored.mode, r.stored.uid, r.stored.gid]
+                        r.stored.mode, r.stored.uid, r.stored.gid,
+                        *([] if r.modified_s is not None else [r.written_by_s])]
                        for key, r in self._keys.items()
-                       if r.modified_s is not None and not key.endswith("/")]
+                       if (r.modified_s is not None or r.written_by_s is not None)
+                       and not key.endswith("/")]
             return [*self._kept.values(), *learned][-self._size:]
 
     def restore(self, records: list) -> int:
@@ -305,12 +322,15 @@ def _taken_in(record: list | None) -> _Remembered | None:
     if record is None:
         return None
     try:
-        _key, etag, modified_s, kind, mtime_ns, mode, uid, gid = record
-        if not (isinstance(etag, str) and etag and type(modified_s) is int):
+        _key, etag, modified_s, kind, mtime_ns, mode, uid, gid, *written_by = record
+        # Known modification second, or (an upload never listed) the second it was done by.
+        dated = (type(modified_s) is int and not written_by) or (
+            modified_s is None and len(written_by) == 1 and type(written_by[0]) is int)
+        if not (isinstance(etag, str) and etag and dated):
             return None
         return _Remembered(etag, modified_s, StoredAttributes(
             _KINDS[kind], _int_or_none(mtime_ns), _int_or_none(mode), _int_or_none(uid),
-            _int_or_none(gid)))
+            _int_or_none(gid)), written_by[0] if written_by else None)
     except (TypeError, ValueError, KeyError):
         return None
 

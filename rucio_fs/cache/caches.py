@@ -215,6 +215,10 @@ class Listing:
     def __len__(self) -> int:
         return len(self.by_name)
 
+    def position(self, name: str) -> int | None:
+        """Where ``name`` is in :attr:`entries` (None: not listed)."""
+        return self._positions().get(name)
+
     def _positions(self) -> dict[str, int]:
         if self._index is None:
             self._index = {e.name: i for i, e in enumerate(self.entries) if e is not None}

@@ -72,6 +72,8 @@ UNREACHABLE_SECONDS = 10.0
 _MISSING = Entry(name="", kind=Kind.FILE)
 #: In :attr:`Catalog._looked_up_in`: the directory was listed for a walk.
 _WALKED = object()
+#: Listed names completed ahead of a walk's lookups (see ``Catalog._complete_ahead``).
+COMPLETE_AHEAD = 8
 
 
 class Overlay(Protocol):
@@ -293,6 +295,8 @@ class Catalog:
         if entry is None:
             if listed is not None and listed.is_dir:
                 self._list_ahead(path)
+            if listed is not None and listing is not None:
+                self._complete_ahead(parent, name, listing)
             try:
                 entry = await self.calls.shared(
                     "stat", path, lambda: self.backend.stat(path) if listed is None
@@ -400,6 +404,41 @@ class Catalog:
         self._looked_up_in[directory] = _WALKED
         start_guarded(self.nursery, self.stats.events, f"listing {directory} ahead",
                       self._small_listing, directory)
+
+    def _complete_ahead(self, directory: str, name: str, listing: Listing) -> None:
+        """Where a walk goes through ``directory`` (listed for its lookups), the next
+        :data:`COMPLETE_AHEAD` names after ``name`` in ``listing`` whose stored attributes it
+        could not carry are completed in the background while this one is: `rsync` and
+        `git status` look names up one at a time, in order, and then find them done."""
+        if (self.nursery is None or not self.config.coalescing
+                or self._looked_up_in.get(directory) is not _WALKED):
+            return
+        at = listing.position(name)
+        if at is None:
+            return
+        for listed in listing.entries[at + 1:at + 1 + COMPLETE_AHEAD]:
+            if listed is None or listed.complete:
+                continue
+            path = child_path(directory, listed.name)
+            if (self.metadata.peek(path) is not None
+                    or self.calls.flight.in_flight(("stat", path))):
+                continue
+            start_guarded(self.nursery, self.stats.events, f"completing {path} ahead",
+                          self._complete_in_background, path, listed)
+
+    async def _complete_in_background(self, path: str, listed: Entry) -> None:
+        """:meth:`stat` of a listed ``path`` ahead of its lookup (a directory: listed at the
+        same time, as its lookup would); a failure is left for the lookup to meet."""
+        if listed.is_dir:
+            self._list_ahead(path)
+        try:
+            entry = await self.calls.shared("stat", path,
+                                            lambda: self.backend.complete(path, listed))
+        except RucioFsError:
+            return
+        self.metadata.put(path, entry)
+        await self._share_entry(path, entry)
+        self._complete_listed(path, entry)
 
     async def _small_listing(self, path: str) -> Listing | None:
         """The complete listing of directory ``path`` if it has at most
@@ -651,15 +690,22 @@ class Catalog:
         self.forget_listing(path)  # it was empty: nothing below to forget
         self.note_entry(path, None)
 
-    async def rename(self, old: str, new: str, entry: Entry) -> Entry:
-        moved = await self.calls.timed("rename", lambda: self.backend.rename(old, new, entry))
+    async def rename(self, old: str, new: str, entry: Entry,
+                     attributes: Attributes = NO_ATTRIBUTES) -> Entry:
+        """Move ``old`` to ``new``; the moved path also stores the set ``attributes`` (a
+        change held back for the move, see ``WriteBack.take_attributes``)."""
+        moved = await self.calls.timed("rename", lambda: self.backend.rename(
+            old, new, entry) if not attributes else self.backend.rename_with(
+            old, new, entry, attributes))
         self.moved(old, new)
         self.note_entry(old, None)
         if entry.is_dir:
             self.forget_tree(old)
             self.forget_tree(new)
+        if attributes:
+            self.stored_attributes(new, attributes, moved)
         self.note_entry(new, moved)
-        return moved
+        return self._with_kept(new, moved) if attributes else moved
 
     async def truncate(self, path: str, size: int) -> Entry:
         entry = await self.calls.timed("truncate", lambda: self.backend.truncate(path, size))
@@ -681,7 +727,7 @@ class Catalog:
         same attribute queued since (async write-back) is what the mount shows meanwhile: a
         queued ``mkdir``'s mode never hides a ``chmod`` made after it."""
         wanted = wanted.besides(self.overlay.queued_attributes(path))
-        self._unkeep(path, wanted)
+        self.unkeep(path, wanted)
         self.keep(path, wanted.missing_from(entry))
 
     def keep(self, path: str, attributes: Attributes) -> None:
@@ -706,7 +752,7 @@ class Catalog:
             if listing is not None and name in listing.by_name:
                 listing.upsert(change(listing.by_name[name]))
 
-    def _unkeep(self, path: str, attributes: Attributes) -> None:
+    def unkeep(self, path: str, attributes: Attributes) -> None:
         """Keep none of the attributes ``attributes`` sets for ``path`` any more (those set
         to another value since are still kept)."""
         parent, name = split_path(path)

@@ -30,6 +30,7 @@ from cachetools import LRUCache
 
 from rucio_fs.backend import (
     NAME_MAX,
+    NO_ATTRIBUTES,
     Attributes,
     Capability,
     Entry,
@@ -74,6 +75,9 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: ``RUCIO_FS_STATS=0`` turns the per-operation latency histograms off. It exists only so that
 #: benchmarks/ can measure what they cost; errors are still counted.
 TIMING = os.environ.get("RUCIO_FS_STATS", "1") != "0"
+#: Seconds a change of attributes waits, with synchronous write-back, for a rename or a
+#: later change to carry it (see :meth:`RucioFs._set_attributes`).
+ATTRIBUTES_HELD = 1.0
 
 
 def fuse_op(fn: F) -> F:
@@ -809,6 +813,9 @@ class RucioFs(pyfuse3.Operations):
                 await writes.settle(handle.dirty.path)
             else:
                 await handle.dirty.commit()
+        if handle is not None and self.writes is not None and not datasync:
+            # A time or mode held back for a rename to carry (synchronous write-back).
+            await self.writes.settle_attributes(handle.inode.path)
 
     @fuse_op
     async def fsyncdir(self, fh: int, datasync: bool) -> None:
@@ -852,10 +859,11 @@ class RucioFs(pyfuse3.Operations):
                       node.ino)
 
     async def _settled(self, *paths: str) -> None:
-        """Before a change that goes to the server at once: with async write-back, what is
-        queued on ``paths`` (or above or below them) goes first."""
+        """Before a change that goes to the server at once: what is queued on ``paths`` (or
+        above or below them) goes first (async write-back; with sync write-back only
+        attribute changes held back are queued)."""
         writes = self.writes
-        if writes is not None and writes.asynchronous:
+        if writes is not None and (writes.asynchronous or writes.queue.ops):
             await writes.settle(*paths)
 
     @fuse_op
@@ -889,11 +897,17 @@ class RucioFs(pyfuse3.Operations):
         if _removed(node):
             raise NotFound(f"{node.path}: removed")
         writes = self.writes
-        if writes is not None and writes.asynchronous:
+        if writes is not None:
             # Stored after what is queued on the path, above it and below it (a catalog may
             # change a directory's time as names change in it; `rsync -a` sets it last).
+            # With sync write-back it is held back for a moment: `rsync`, `cp -a` and `tar`
+            # set a file's time and mode just before they rename it or set them again, and
+            # the rename or the later change carries it (one request instead of three).
             await writes.queue.room()
-            writes.queue_attributes(node.path, change)
+            writes.queue_attributes(node.path, change,
+                                    hold=0.0 if writes.asynchronous else ATTRIBUTES_HELD)
+            if dirty is not None and not dirty.dirty and dirty.base is not None:
+                dirty.base = change.applied_to(dirty.base)  # open, unchanged: shown so
             node.entry, node.attrs = change.applied_to(node.entry), None
             return
         entry = await self._revalidate(node)
@@ -997,9 +1011,25 @@ class RucioFs(pyfuse3.Operations):
         if writes.asynchronous and on_server:
             writes.queue_removal("unlink", path)
         else:
-            await self.catalog.unlink(path, on_server=on_server)
+            await self._removing(writes, path, lambda: self.catalog.unlink(
+                path, on_server=on_server))
         self.inodes.detach(parent, text)
         self._names_changed(parent)
+
+    @staticmethod
+    async def _removing(writes: WriteBack, path: str,
+                        removal: Callable[[], Awaitable[None]]) -> None:
+        """Carry out ``removal`` of ``path``: a change of its attributes still held back
+        (synchronous write-back) is moot once it succeeds."""
+        held = await writes.take_attributes(path)
+        try:
+            await removal()
+        except BaseException:
+            if held is not None:
+                writes.taken(held, carried=False)
+            raise
+        if held is not None:
+            writes.taken(held, carried=True)
 
     @fuse_op
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -1025,7 +1055,7 @@ class RucioFs(pyfuse3.Operations):
             await writes.queue.room()
             writes.queue_removal("rmdir", path)
         else:
-            await self.catalog.rmdir(path)
+            await self._removing(writes, path, lambda: self.catalog.rmdir(path))
         self.inodes.detach(parent, text)
         self._names_changed(parent)
 
@@ -1069,10 +1099,26 @@ class RucioFs(pyfuse3.Operations):
                     self.catalog.note_entry(old, None)
                     self.catalog.note_entry(new, new_entry)
         if not local_only:
-            await self._settled(old, new)
-            if dirty is not None:
-                entry = await writes.commit_now(dirty) or dirty.base or entry
-            new_entry = await self.catalog.rename(old, new, entry)
+            # A time or mode set on the file and not stored yet goes with its rename; one of
+            # the file it replaces goes nowhere.
+            carried = await writes.take_attributes(old)
+            replaced = await writes.take_attributes(new) if target is not None else None
+            try:
+                if writes.asynchronous or entry.is_dir:
+                    await self._settled(old, new)
+                if dirty is not None:
+                    entry = await writes.commit_now(dirty) or dirty.base or entry
+                new_entry = await self.catalog.rename(old, new, entry, (
+                    carried.attributes if carried is not None and carried.attributes
+                    else NO_ATTRIBUTES))
+            except BaseException:
+                for op in (carried, replaced):
+                    if op is not None:
+                        writes.taken(op, carried=False)
+                raise
+            for op in (carried, replaced):
+                if op is not None:
+                    writes.taken(op, carried=True)
             await writes.renamed(old, new)
         self.inodes.move(old_parent, old_name, new_parent, new_name)
         self._names_changed(old_parent)

@@ -73,6 +73,11 @@ class Arena:
     def read(self, slot: int, offset: int, size: int) -> bytes:
         return read_exactly(self.fd, slot * SLOT_STRIDE + _LENGTH.size + offset, size)
 
+    def sync(self) -> None:
+        """Make the slots' content durable across a power cut."""
+        if self.fd >= 0:
+            os.fdatasync(self.fd)
+
     def close(self) -> None:
         """At unmount: the arena goes unless a slot still holds pending content."""
         if self.in_use == 0:

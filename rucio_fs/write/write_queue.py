@@ -199,14 +199,19 @@ class WriteQueue:
         #: Set when an op leaves while a writer waits for room (see :meth:`room`).
         self._left: trio.Event | None = None
 
-    def add(self, op: Op) -> None:
-        """Queue ``op`` after everything queued before it. Never waits: a writer awaits
+    def add(self, op: Op, not_before: float = 0.0) -> None:
+        """Queue ``op`` after everything queued before it; ``not_before`` (trio time): it
+        waits until then, as an op in backoff does (a change held back for a later one to
+        carry, see ``WriteBack.queue_attributes``). Never waits: a writer awaits
         :meth:`room` first."""
         op.key = next(self._keys)
         op.size = op.dirty.size if op.dirty is not None else 0
         self.queued_bytes += op.size
         self.ops[op.key] = op
         self._ready.append(op)  # the newest key: the order holds
+        if not_before > trio.current_time():
+            op.not_before = not_before
+            self._hold(op)
         self._wake.set()
 
     @property

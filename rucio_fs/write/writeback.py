@@ -331,6 +331,10 @@ class DirtyFile:
         async close, rare). A staging file parked while its upload waits is opened again:
         a change may come by path (``truncate``) with no descriptor open."""
         self.unpark()
+        if not self.dirty:
+            # Attributes held back for a rename to carry go with the new content instead
+            # (stored after it, a held time would undo the write's).
+            self.attributes = self.wb.fold_held_attributes(self.path).then(self.attributes)
         if self.in_journal or (self.slot is not None and (self.inline or end > SLOT_BYTES)):
             self._to_staging_file(sync=self.inline)
         elif self.inline:
@@ -580,6 +584,8 @@ class DirtyFile:
         else:
             self.unrecord()
         if self.fd >= 0:
+            if keep and self.slot is None:
+                os.fdatasync(self.fd)  # (the arena is synced once, at unmount)
             os.close(self.fd)
         self.fd, self.parked = -1, False
         if not keep:
@@ -677,6 +683,9 @@ class WriteBack:
         self.arena = Arena(staging_dir)
         #: Queued mkdir ops by path: an rmdir before one starts cancels both.
         self._mkdirs: dict[str, Op] = {}
+        #: Queued unlink and rmdir ops by path: a pending file renamed onto the path goes
+        #: after them (see :meth:`renamed`).
+        self._removals: dict[str, Op] = {}
         #: The newest queued attrs op of each path: a later change takes it over.
         self._attrs: dict[str, Op] = {}
         #: Told (path, entry) when a queued upload has left nothing pending: the FUSE layer
@@ -914,10 +923,14 @@ class WriteBack:
                               "content is staged and queued)")
 
     async def stage(self, dirty: DirtyFile) -> None:
-        """Make ``dirty``'s content and its record durable on local disk, and queue its
-        upload unless it is queued already (async write-back)."""
+        """Write ``dirty``'s record (with a small file's content) to the journal, and queue
+        its upload unless it is queued already (async write-back): a crash of the daemon
+        loses nothing of it from now on. With ``--durable close`` the content and the
+        record are also synced (a power cut loses nothing of it either); else an ``fsync``
+        of the file or its directory waits for its upload, as unmount does."""
         if not dirty.dirty or dirty.unlinked or dirty.staged == dirty.generation:
             return
+        durable = self.catalog.config.durable == "close"
         if dirty.op is None:
             await self.queue.room()  # a full queue refuses the close, not the disk
             if not dirty.dirty or dirty.unlinked:
@@ -930,12 +943,16 @@ class WriteBack:
             # The content goes into the journal with its record: one fdatasync, of a
             # preallocated file (no file-system journal commit), instead of two.
             dirty.record(again=True, inline=dirty._read_range(0, dirty.size))
-            self.journal.sync()
+            if durable:
+                self.journal.sync()
+                self.catalog.stats.events["close_syncs"] += 1
             dirty.park()
         else:
             dirty.record()
-            await trio.to_thread.run_sync(_sync_both, dirty.fd, self.journal.fd)
-            self.journal.syncs += 1
+            if durable:
+                await trio.to_thread.run_sync(_sync_both, dirty.fd, self.journal.fd)
+                self.journal.syncs += 1
+                self.catalog.stats.events["close_syncs"] += 1
         dirty.staged = generation
         if dirty.op is None:
             self._queue_put(dirty)
@@ -981,6 +998,8 @@ class WriteBack:
         self.journal.done(op.n)
         if self._mkdirs.get(op.path) is op:
             del self._mkdirs[op.path]
+        if self._removals.get(op.path) is op:
+            del self._removals[op.path]
         if self._attrs.get(op.path) is op:
             del self._attrs[op.path]
         parent, _, name = op.path.rpartition("/")
@@ -996,18 +1015,24 @@ class WriteBack:
 
     # -- namespace changes (async write-back) ----------------------------------------------
 
-    def queue_attributes(self, path: str, attributes: Attributes) -> Op:
+    def queue_attributes(self, path: str, attributes: Attributes, hold: float = 0.0) -> Op:
         """Queue storing ``attributes`` of ``path`` (which has no pending content), after
         what is queued on it, above it and below it; the mount shows them at once.
+        ``hold``: the op waits that many seconds first (counted from the first change a
+        held op carries), for a later change or a rename to carry it (synchronous
+        write-back: :meth:`take_attributes`).
 
         A queued attrs op of ``path`` that has not been tried yet is taken over: the new op
         stores its change too, and it is cancelled (``rsync -a`` sets a new directory's time
         and mode, then its time again once its files are in: one request instead of three).
         Not while a :meth:`WriteQueue.wait` waits, as it may wait for exactly that op."""
+        not_before = trio.current_time() + hold if hold > 0 else 0.0
         earlier = self._attrs.get(path)
         if (earlier is not None and earlier.attributes is not None and not earlier.running
                 and not earlier.done and not earlier.attempts and not self.queue.waited_on):
             attributes = earlier.attributes.then(attributes)
+            if earlier.held:  # never held longer than the first change's hold
+                not_before = min(not_before, earlier.not_before)
         else:
             earlier = None
         n = self.journal.append({"op": "attrs", "path": path, **attributes.as_record()})
@@ -1016,9 +1041,54 @@ class WriteBack:
             self.journal.done(earlier.n, carried_out=False)
         op = Op(n, "attrs", path, attributes=attributes)
         self._attrs[path] = op
-        self.queue.add(op)
+        self.queue.add(op, not_before)
         self.catalog.keep(path, attributes)
         return op
+
+    async def take_attributes(self, path: str) -> Op | None:
+        """The queued attrs op of ``path``, taken out of the queue for the caller's own
+        request to carry (a rename's copy) or to make moot (a removal); None when there is
+        none. One already on its way is waited for first (then None). Its journal record
+        stays until :meth:`taken` says how the caller's request went: a crash meanwhile
+        replays it."""
+        op = self._attrs.get(path)
+        if op is None:
+            return None
+        if op.running or op.attempts or self.queue.waited_on or not self.queue.cancel(op):
+            await self.queue.wait(lambda queued: queued is op)
+            return None
+        del self._attrs[path]
+        return op
+
+    def taken(self, op: Op, carried: bool) -> None:
+        """The request that took ``op`` (:meth:`take_attributes`) succeeded (``carried``)
+        or failed: then the op is queued again, to be carried out at once."""
+        if carried:
+            self.journal.done(op.n)
+            return
+        again = Op(op.n, "attrs", op.path, attributes=op.attributes)
+        if op.path not in self._attrs:
+            self._attrs[op.path] = again
+        self.queue.add(again)
+
+    def fold_held_attributes(self, path: str) -> Attributes:
+        """The change of attributes queued for ``path`` and not started, taken out of the
+        queue for the caller (new content of the file) to carry: the caller records it
+        before it next awaits. NO_ATTRIBUTES when there is none."""
+        op = self._attrs.get(path)
+        if (op is None or op.attributes is None or op.running or op.attempts
+                or self.queue.waited_on or not self.queue.cancel(op)):
+            return NO_ATTRIBUTES
+        del self._attrs[path]
+        self.journal.done(op.n, carried_out=False)
+        self.catalog.unkeep(path, op.attributes)  # the pending content shows them now
+        return op.attributes
+
+    async def settle_attributes(self, path: str) -> None:
+        """Until the queued attrs op of ``path``, if any, is carried out (``fsync``)."""
+        op = self._attrs.get(path)
+        if op is not None:
+            await self.queue.wait(lambda queued: queued is op)
 
     def queued_attributes(self, path: str) -> Attributes:
         """What the newest queued attrs op of ``path`` sets, unless it is running (then it
@@ -1070,6 +1140,8 @@ class WriteBack:
         op = Op(n, kind, path)
         if kind == "mkdir":
             self._mkdirs[path] = op
+        elif kind in ("unlink", "rmdir"):
+            self._removals[path] = op
         self.queue.add(op)
         return op
 
@@ -1154,17 +1226,30 @@ class WriteBack:
         return dirty
 
     async def renamed(self, old: str, new: str) -> None:
-        """Pending files at ``old`` (or below it, for a directory) move to ``new``."""
+        """Pending files at ``old`` (or below it, for a directory) move to ``new``.
+
+        A moved file's queued upload keeps its place in the queue, so a removal of the
+        target queued after it would run after it and remove the new content: such a
+        removal, not tried yet, is cancelled (the upload replaces what it would remove),
+        and one already tried is waited for first."""
         below = old + "/"
         for path in [p for p in self.files if p == old or p.startswith(below)]:
             target = new + path[len(old):]
             await self.unlinked(target)
+            removal = self._removals.get(target)
+            if removal is not None and (removal.running or removal.attempts
+                                        or self.queue.waited_on):
+                await self.settle(target)
             dirty = self.files.pop(path)
             dirty.path = target
             if dirty.op is not None:
                 dirty.op.path = target
-            dirty.rerecord()
+            dirty.rerecord()  # before the removal ends: a crash replays both, in order
             self.files[target] = dirty
+            removal = self._removals.get(target)
+            if removal is not None and self.queue.cancel(removal):
+                self.journal.done(removal.n, carried_out=False)
+                self.op_done(removal, None)
 
     # -- the catalog's overlay: what only this mount holds wins -----------------------------
 
@@ -1266,6 +1351,9 @@ class WriteBack:
             else:
                 dirty.close_staging(keep=False)
         self.files.clear()
+        if self.journal.pending:  # what is left for the next mount survives a power cut
+            self.arena.sync()
+            self.journal.sync()
         self.journal.close()
         self.arena.close()
 
