@@ -396,6 +396,7 @@ class Catalog:
         parent = split_path(directory)[0]
         if (self.nursery is None or not self.config.coalescing
                 or self._looked_up_in.get(parent) is not _WALKED
+                or self._looked_up_in.get(directory) is _WALKED  # listed (or about to be)
                 or self.listing.peek(directory) is not None
                 or self._unlistable.get(directory)
                 or not self.backend.lists_everything(directory)
