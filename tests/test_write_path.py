@@ -235,9 +235,10 @@ def _ctx() -> Any:
 
 def test_a_write_during_the_sync_of_an_async_close_is_synced_by_the_next_close(tmp_path,
                                                                                monkeypatch):
-    """Promise (async write-back): once a ``close`` returned, what was written before it is
-    durable. A write landing (through another descriptor) while an earlier close syncs the
-    staging file is newer than that sync: the next close must sync again."""
+    """Promise (async write-back, ``--durable close``): once a ``close`` returned, what was
+    written before it is durable. A write landing (through another descriptor) while an
+    earlier close syncs the staging file is newer than that sync: the next close must sync
+    again."""
     syncs: list[int] = []
     in_sync, go_on = threading.Event(), threading.Event()
 
@@ -251,7 +252,7 @@ def test_a_write_during_the_sync_of_an_async_close_is_synced_by_the_next_close(t
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            harness = _Harness(tmp_path, nursery, asynchronous=True)
+            harness = _Harness(tmp_path, nursery, asynchronous=True, durable="close")
             writes = harness.writes
             dirty = writes.open("/f", None)
             await dirty.write(0, _content(2 * MiB))  # beyond a slot: a staging file's sync
