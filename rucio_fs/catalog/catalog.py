@@ -315,9 +315,7 @@ class Catalog:
                     self._making_names_until = time.monotonic() + self.config.listing_ttl
                 await self._share_entry(path, _MISSING)
                 raise
-            self.metadata.put(path, entry)
-            await self._share_entry(path, entry)
-            self._complete_listed(path, entry)
+            await self._learned(path, entry)
         if entry is _MISSING:
             raise NotFound(path)
         return self._with_kept(path, entry)
@@ -437,6 +435,10 @@ class Catalog:
                                             lambda: self.backend.complete(path, listed))
         except RucioFsError:
             return
+        await self._learned(path, entry)
+
+    async def _learned(self, path: str, entry: Entry) -> None:
+        """A stat of ``path`` found ``entry``: cached, shared, and shown by its listing."""
         self.metadata.put(path, entry)
         await self._share_entry(path, entry)
         self._complete_listed(path, entry)
@@ -694,10 +696,9 @@ class Catalog:
     async def rename(self, old: str, new: str, entry: Entry,
                      attributes: Attributes = NO_ATTRIBUTES) -> Entry:
         """Move ``old`` to ``new``; the moved path also stores the set ``attributes`` (a
-        change held back for the move, see ``WriteBack.take_attributes``)."""
-        moved = await self.calls.timed("rename", lambda: self.backend.rename(
-            old, new, entry) if not attributes else self.backend.rename_with(
-            old, new, entry, attributes))
+        change held back for the move, see ``WriteBack.carrying``)."""
+        moved = await self.calls.timed(
+            "rename", lambda: self.backend.rename_with(old, new, entry, attributes))
         self.moved(old, new)
         self.note_entry(old, None)
         if entry.is_dir:

@@ -30,7 +30,6 @@ from cachetools import LRUCache
 
 from rucio_fs.backend import (
     NAME_MAX,
-    NO_ATTRIBUTES,
     Attributes,
     Capability,
     Entry,
@@ -1011,25 +1010,10 @@ class RucioFs(pyfuse3.Operations):
         if writes.asynchronous and on_server:
             writes.queue_removal("unlink", path)
         else:
-            await self._removing(writes, path, lambda: self.catalog.unlink(
-                path, on_server=on_server))
+            async with writes.carrying(path):  # a held change of it is moot
+                await self.catalog.unlink(path, on_server=on_server)
         self.inodes.detach(parent, text)
         self._names_changed(parent)
-
-    @staticmethod
-    async def _removing(writes: WriteBack, path: str,
-                        removal: Callable[[], Awaitable[None]]) -> None:
-        """Carry out ``removal`` of ``path``: a change of its attributes still held back
-        (synchronous write-back) is moot once it succeeds."""
-        held = await writes.take_attributes(path)
-        try:
-            await removal()
-        except BaseException:
-            if held is not None:
-                writes.taken(held, carried=False)
-            raise
-        if held is not None:
-            writes.taken(held, carried=True)
 
     @fuse_op
     async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
@@ -1055,7 +1039,8 @@ class RucioFs(pyfuse3.Operations):
             await writes.queue.room()
             writes.queue_removal("rmdir", path)
         else:
-            await self._removing(writes, path, lambda: self.catalog.rmdir(path))
+            async with writes.carrying(path):
+                await self.catalog.rmdir(path)
         self.inodes.detach(parent, text)
         self._names_changed(parent)
 
@@ -1101,24 +1086,12 @@ class RucioFs(pyfuse3.Operations):
         if not local_only:
             # A time or mode set on the file and not stored yet goes with its rename; one of
             # the file it replaces goes nowhere.
-            carried = await writes.take_attributes(old)
-            replaced = await writes.take_attributes(new) if target is not None else None
-            try:
+            async with writes.carrying(old, *([new] if target is not None else [])) as held:
                 if writes.asynchronous or entry.is_dir:
                     await self._settled(old, new)
                 if dirty is not None:
                     entry = await writes.commit_now(dirty) or dirty.base or entry
-                new_entry = await self.catalog.rename(old, new, entry, (
-                    carried.attributes if carried is not None and carried.attributes
-                    else NO_ATTRIBUTES))
-            except BaseException:
-                for op in (carried, replaced):
-                    if op is not None:
-                        writes.taken(op, carried=False)
-                raise
-            for op in (carried, replaced):
-                if op is not None:
-                    writes.taken(op, carried=True)
+                new_entry = await self.catalog.rename(old, new, entry, held)
             await writes.renamed(old, new)
         self.inodes.move(old_parent, old_name, new_parent, new_name)
         self._names_changed(old_parent)

@@ -238,6 +238,12 @@ class WriteQueue:
         """Whether a caller of :meth:`wait` is waiting (for ops it saw queued)."""
         return self._waiters > 0
 
+    def untried(self, op: Op) -> bool:
+        """Whether ``op`` may still be taken over by its caller (:meth:`cancel`, then done
+        another way): never tried, not running, and no :meth:`wait` waiting (which may wait
+        for exactly that op)."""
+        return not (op.running or op.done or op.attempts or self.waited_on)
+
     def cancel(self, op: Op) -> bool:
         """Take ``op`` out before it started (it has nothing left to do); False if too late."""
         if op.running or op.done:

@@ -48,7 +48,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -945,14 +945,14 @@ class WriteBack:
             dirty.record(again=True, inline=dirty._read_range(0, dirty.size))
             if durable:
                 self.journal.sync()
-                self.catalog.stats.events["close_syncs"] += 1
             dirty.park()
         else:
             dirty.record()
             if durable:
                 await trio.to_thread.run_sync(_sync_both, dirty.fd, self.journal.fd)
                 self.journal.syncs += 1
-                self.catalog.stats.events["close_syncs"] += 1
+        if durable:
+            self.catalog.stats.events["close_syncs"] += 1
         dirty.staged = generation
         if dirty.op is None:
             self._queue_put(dirty)
@@ -1020,7 +1020,7 @@ class WriteBack:
         what is queued on it, above it and below it; the mount shows them at once.
         ``hold``: the op waits that many seconds first (counted from the first change a
         held op carries), for a later change or a rename to carry it (synchronous
-        write-back: :meth:`take_attributes`).
+        write-back: :meth:`carrying`).
 
         A queued attrs op of ``path`` that has not been tried yet is taken over: the new op
         stores its change too, and it is cancelled (``rsync -a`` sets a new directory's time
@@ -1028,8 +1028,8 @@ class WriteBack:
         Not while a :meth:`WriteQueue.wait` waits, as it may wait for exactly that op."""
         not_before = trio.current_time() + hold if hold > 0 else 0.0
         earlier = self._attrs.get(path)
-        if (earlier is not None and earlier.attributes is not None and not earlier.running
-                and not earlier.done and not earlier.attempts and not self.queue.waited_on):
+        if (earlier is not None and earlier.attributes is not None
+                and self.queue.untried(earlier)):
             attributes = earlier.attributes.then(attributes)
             if earlier.held:  # never held longer than the first change's hold
                 not_before = min(not_before, earlier.not_before)
@@ -1045,40 +1045,49 @@ class WriteBack:
         self.catalog.keep(path, attributes)
         return op
 
-    async def take_attributes(self, path: str) -> Op | None:
-        """The queued attrs op of ``path``, taken out of the queue for the caller's own
-        request to carry (a rename's copy) or to make moot (a removal); None when there is
-        none. One already on its way is waited for first (then None). Its journal record
-        stays until :meth:`taken` says how the caller's request went: a crash meanwhile
-        replays it."""
+    @contextlib.asynccontextmanager
+    async def carrying(self, *paths: str) -> AsyncIterator[Attributes]:
+        """Around a request that carries or makes moot the queued attribute changes of
+        ``paths`` (a rename: its source's, carried in its copy, and the replaced target's;
+        a removal: the removed path's): they are taken out of the queue, and the body gets
+        the first path's change to carry (NO_ATTRIBUTES: none). A change already tried or
+        on its way is waited for first instead. When the body returns they are done; when it
+        raises they are queued again, to be carried out at once. Their journal records stay
+        until then: a crash meanwhile replays them."""
+        taken = [await self._take_attributes(path) for path in paths]
+        carried = taken[0].attributes if taken[0] is not None else None
+        try:
+            yield carried or NO_ATTRIBUTES
+        except BaseException:
+            for op in taken:
+                if op is not None:
+                    again = Op(op.n, "attrs", op.path, attributes=op.attributes)
+                    self._attrs.setdefault(op.path, again)
+                    self.queue.add(again)
+            raise
+        for op in taken:
+            if op is not None:
+                self.journal.done(op.n)
+
+    async def _take_attributes(self, path: str) -> Op | None:
         op = self._attrs.get(path)
         if op is None:
             return None
-        if op.running or op.attempts or self.queue.waited_on or not self.queue.cancel(op):
+        if not self.queue.untried(op):
             await self.queue.wait(lambda queued: queued is op)
             return None
+        self.queue.cancel(op)
         del self._attrs[path]
         return op
-
-    def taken(self, op: Op, carried: bool) -> None:
-        """The request that took ``op`` (:meth:`take_attributes`) succeeded (``carried``)
-        or failed: then the op is queued again, to be carried out at once."""
-        if carried:
-            self.journal.done(op.n)
-            return
-        again = Op(op.n, "attrs", op.path, attributes=op.attributes)
-        if op.path not in self._attrs:
-            self._attrs[op.path] = again
-        self.queue.add(again)
 
     def fold_held_attributes(self, path: str) -> Attributes:
         """The change of attributes queued for ``path`` and not started, taken out of the
         queue for the caller (new content of the file) to carry: the caller records it
         before it next awaits. NO_ATTRIBUTES when there is none."""
         op = self._attrs.get(path)
-        if (op is None or op.attributes is None or op.running or op.attempts
-                or self.queue.waited_on or not self.queue.cancel(op)):
+        if op is None or op.attributes is None or not self.queue.untried(op):
             return NO_ATTRIBUTES
+        self.queue.cancel(op)
         del self._attrs[path]
         self.journal.done(op.n, carried_out=False)
         self.catalog.unkeep(path, op.attributes)  # the pending content shows them now
@@ -1237,8 +1246,7 @@ class WriteBack:
             target = new + path[len(old):]
             await self.unlinked(target)
             removal = self._removals.get(target)
-            if removal is not None and (removal.running or removal.attempts
-                                        or self.queue.waited_on):
+            if removal is not None and not self.queue.untried(removal):
                 await self.settle(target)
             dirty = self.files.pop(path)
             dirty.path = target
