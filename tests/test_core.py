@@ -310,6 +310,42 @@ def test_a_walk_lists_each_directory_once_and_completes_the_listed_names():
     trio.run(main)
 
 
+class SlowComplete(Incomplete):
+    """:class:`Incomplete` whose ``complete`` answers only once :attr:`answer` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = trio.Event()
+
+    async def complete(self, path: str, listed: Entry) -> Entry:
+        await self.answer.wait()
+        return await super().complete(path, listed)
+
+
+def test_a_name_completed_ahead_never_hides_a_change_made_meanwhile():
+    """A name of a walk completed in the background (``rsync``, ``git status``) whose answer
+    comes after the mount changed that name (a write, a chmod) shows the change, never the
+    older answer (``git status`` would miss the write)."""
+    backend = SlowComplete()
+    catalog = catalog_of(backend, makes_names=True)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            catalog.nursery = nursery
+            await catalog.stat("/d0/f0")  # a path resolved: no walk yet
+            # The next lookup walks: /d0 is listed, and the names after f1 completed ahead.
+            nursery.start_soon(catalog.stat, "/d0/f1")
+            await trio.testing.wait_all_tasks_blocked()
+            written = Entry(name="f3", kind=Kind.FILE, size=99, mode=0o644)
+            catalog.note_entry("/d0/f3", written)  # changed through the mount meanwhile
+            backend.answer.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert (await catalog.stat("/d0/f3")).size == 99
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
 #: Every path of :class:`Tree` in the order a walk (`rsync`) looks them up.
 WALK = [f"/a{i}" + rest for i in range(4) for rest in
         ["", *[f"/b{j}" + leaf for j in range(4) for leaf in ["", *[f"/f{k}" for k in range(3)]]]]]

@@ -435,6 +435,11 @@ class Catalog:
                                             lambda: self.backend.complete(path, listed))
         except RucioFsError:
             return
+        parent, name = split_path(path)
+        listing = self.listing.peek(parent)
+        if (self.metadata.peek(path) is not None or self.overlay.entry(path) is not None
+                or listing is None or listing.by_name.get(name) is not listed):
+            return  # changed through the mount (or learned) meanwhile: that wins
         await self._learned(path, entry)
 
     async def _learned(self, path: str, entry: Entry) -> None:
