@@ -67,17 +67,20 @@ class MountConfig:
     #: File data in memory, reads and writes together (see budget.py for its shares).
     memory_limit: int = field(default=256 << 20, metadata=_option(
         "--memory-limit", "File data in memory, reads and writes together: cached blocks "
-        "(1/2), read-ahead (1/8), upload parts (1/4), verification (1/8).", "size",
+        "(7/16), strided read-ahead's pieces (1/16), read-ahead (1/8), upload parts (1/4), "
+        "verification (1/8).", "size",
         "--data-cache-size"))
     block_size: int = field(default=1 << 20, metadata=_option(
         "--block-size", "Data cache block size.", "size"))
     attr_window: float = field(default=1.0, metadata=_option(
         "--attr-window", "How long just-fetched attributes answer follow-up lookups "
         "(0: re-stat).", "duration"))
-    #: Most data fetched ahead of one sequential reader (0: no read-ahead by the daemon).
+    #: Most data fetched ahead of one sequential reader (0: no read-ahead by the daemon,
+    #: strided read-ahead included).
     prefetch_max_bytes: int = field(default=32 << 20, metadata=_option(
-        "--prefetch-max", "Most data read ahead of one sequential reader (0: none; needs the "
-        "data cache).", "size"))
+        "--prefetch-max", "Most data read ahead of one sequential reader (0: no read-ahead at "
+        "all, strided read-ahead of columnar readers included; needs the data cache).",
+        "size"))
     #: Open a file read sparsely a moment ago with the kernel's page cache bypassed, so the
     #: kernel asks for exactly what the reader reads (see datapath.SparseFiles).
     direct_sparse: bool = field(default=True, metadata=_option(

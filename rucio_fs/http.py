@@ -73,6 +73,9 @@ RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
 #: Catalog requests of one client in worker threads at once (and idle connections kept).
 DIRECT_THREADS = 32
+#: Range reads of one reader in flight at once. Strided read-ahead keeps the next pieces of
+#: several reader threads in flight together, each waiting on the network, not the CPU.
+RANGE_THREADS = 48
 #: The most bytes a streamed answer hands over at once.
 STREAM_CHUNK = 1 << 16
 
@@ -852,7 +855,7 @@ class RangeReader:
     """
 
     def __init__(self, *, context: ssl.SSLContext | None = None, timeout: float = 30.0,
-                 retry: RetryPolicy | None = None, threads: int = 16,
+                 retry: RetryPolicy | None = None, threads: int = RANGE_THREADS,
                  auth: TokenAuth | None = None, via: str = "") -> None:
         self.via = via
         self.retry = retry or RetryPolicy()

@@ -1,9 +1,10 @@
 """One memory limit for the daemon's file data, split into fixed shares.
 
 ``--memory-limit`` bounds the bytes of file data the daemon holds at once, reads and writes
-together: cached blocks (the data layer), read-ahead in flight, parts of uploads on their way
-and bytes waiting in checksum verification's reorder buffer. Each gets a fixed share, so their
-sum never exceeds the limit whatever the workload; the shares are in :class:`Shares`.
+together: cached blocks (the data layer), read-ahead in flight, pieces fetched ahead of a
+strided reader, parts of uploads on their way and bytes waiting in checksum verification's
+reorder buffer. Each gets a fixed share, so their sum never exceeds the limit whatever the
+workload; the shares are in :class:`Shares`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ class Shares:
 
     @property
     def data_cache(self) -> int:
-        return self.limit // 2
+        return self.limit // 2 - self.pieces
+
+    @property
+    def pieces(self) -> int:
+        return self.limit // 16
 
     @property
     def read_ahead(self) -> int:
@@ -33,7 +38,8 @@ class Shares:
 
     @property
     def verification(self) -> int:
-        return self.limit - self.data_cache - self.read_ahead - self.uploads
+        return (self.limit - self.data_cache - self.pieces - self.read_ahead
+                - self.uploads)
 
 
 class ByteBudget:

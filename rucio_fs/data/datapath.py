@@ -28,6 +28,7 @@ from rucio_fs.config import MountConfig
 from rucio_fs.observe.stats import Stats
 
 from .prefetch import Prefetcher
+from .strides import HandleUsers, PieceStore, StrideReader
 
 log = logging.getLogger(__name__)
 
@@ -68,17 +69,34 @@ class DataPath:
             DISK_QUEUE_BLOCKS)
         #: Files (path, content version) read sparsely a moment ago.
         self._sparse: TTLCache[tuple[str, str], bool] = TTLCache(SPARSE_FILES, SPARSE_MEMORY)
+        #: Pieces fetched ahead of strided readers, the readers (per file content and thread)
+        #: and the backend handles their fetches use.
+        self.pieces = PieceStore(shares.pieces, stats)
+        self._strides: TTLCache[tuple[str, str, int], StrideReader] = TTLCache(
+            SPARSE_FILES, SPARSE_MEMORY)
+        self.handle_users = HandleUsers()
 
     def stream(self, path: str, entry: Entry, handle: Any, nursery: trio.Nursery | None,
-               direct: bool = False) -> ReadStream:
+               direct: bool = False, reader: int | None = None) -> ReadStream:
         """The reads of one open handle (with read-ahead when a nursery is given); ``direct``:
-        the kernel sends the reader's own reads (no page cache)."""
-        prefetcher = None
+        the kernel sends the reader's own reads (no page cache); ``reader``: the thread that
+        opened it, whose sparse reads through successive handles may follow a pattern."""
+        prefetcher = stride = None
         if self.config.data and self.config.prefetch_max_bytes and nursery is not None:
             window = max(1, self.config.prefetch_max_bytes // self.config.block_size)
             prefetcher = Prefetcher(self, path, entry, handle, nursery, self.prefetch_budget,
                                     window)
-        return ReadStream(self, path, entry, handle, prefetcher, direct)
+            if reader is not None:
+                version = content_version(entry)
+                stride = self._strides.get((path, version, reader))
+                if stride is None:
+                    stride = self._strides[(path, version, reader)] = StrideReader(
+                        (path, version), entry.size, self.pieces, self.stats)
+        return ReadStream(self, path, entry, handle, prefetcher, direct, stride)
+
+    async def fetch_piece(self, handle: Any, offset: int, size: int) -> bytes:
+        """Exactly ``size`` bytes at ``offset`` for a piece fetched ahead (timed, counted)."""
+        return await self.calls.timed("read", lambda: self._fetch_exact(handle, offset, size))
 
     def read_sparsely(self, path: str, entry: Entry) -> bool:
         """Whether a handle of this content of ``path`` started reading past offset 0 within
@@ -228,7 +246,9 @@ class DataPath:
             await self.disk.put(key, block)
 
     def discard(self, path: str, entry: Entry) -> None:
-        """Forget every cached block of ``path`` (e.g. after it failed verification)."""
+        """Forget every cached block and piece of ``path`` (e.g. after it failed
+        verification)."""
+        self.pieces.discard(path)
         for key in [k for k in self.data.cached_keys() if k[0] == path]:
             self.data.discard(key)
         if self.disk is not None:
@@ -242,6 +262,7 @@ class DataPath:
         for layer in layers:
             if layer == "data":
                 self.data.drop()
+                self.pieces.drop()
             elif layer == "disk" and self.disk is not None:
                 self.disk.drop()
 
@@ -269,7 +290,8 @@ class ReadStream:
     *sparsely* until it has read :data:`SPARSE_RUN_BLOCKS` blocks in a row. Sparse reads are
     fetched as exactly the ranges asked (unless cached) and start no read-ahead. A first read
     past offset 0 (a reader that opens the file for each piece it reads) marks the file as
-    read sparsely; a long run unmarks it.
+    read sparsely; a long run unmarks it. Sparse reads also feed the ``stride`` reader of the
+    thread that opened the handle, and are served from the pieces it fetched ahead.
 
     A ``direct`` handle receives the reader's own reads. A sparse read of whole pages is then
     fetched with the page after it, kept for the handle: a buffered reader reads the rest of
@@ -281,6 +303,7 @@ class ReadStream:
     handle: Any
     prefetcher: Prefetcher | None
     direct: bool = False
+    stride: StrideReader | None = None
     #: Where the previous read ended (-1: no read yet), to tell sequential reads from jumps.
     last_end: int = -1
     #: Whether the handle jumped and has not read a long run since, and that run's bytes.
@@ -312,6 +335,10 @@ class ReadStream:
         if kept is not None and kept[0] == offset and size <= len(kept[1]):
             self.next_page = None
             return kept[1][:size]
+        if self.stride is not None and not sequential:
+            ahead = await self._from_piece(offset, size)
+            if ahead is not None:
+                return ahead
         if (self.direct and not sequential and size % PAGE == 0
                 and offset + size < self.entry.size):
             data = await self.data_path.read(self.path, self.entry, self.handle, offset,
@@ -320,6 +347,30 @@ class ReadStream:
             return data[:size]
         return await self.data_path.read(self.path, self.entry, self.handle, offset, size,
                                          sequential)
+
+    async def _from_piece(self, offset: int, size: int) -> bytes | memoryview | None:
+        """The read from pieces fetched ahead of it (waiting for those on their way), or None.
+        The read is noted first, so that the pieces predicted after it are on their way
+        meanwhile."""
+        stride, data_path = self.stride, self.data_path
+        assert stride is not None and self.prefetcher is not None
+        end = min(offset + size, self.entry.size)
+        pieces = stride.store.cover(stride.key, offset, end)
+        if stride.note(offset, end - offset, served=pieces is not None):
+            stride.predict(data_path.fetch_piece, self.handle, self.prefetcher.nursery,
+                           data_path.handle_users)
+        if pieces is None:
+            return None
+        parts = []
+        for piece in pieces:
+            await piece.ready.wait()
+            if piece.data is None:
+                return None
+            stride.store.took(piece)
+            lo, hi = max(offset, piece.start), min(end, piece.end)
+            parts.append(piece.data[lo - piece.start:hi - piece.start])
+        data_path.stats.events["stride_served_reads"] += 1
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def close(self) -> None:
         if self.prefetcher is not None:

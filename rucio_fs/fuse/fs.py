@@ -586,7 +586,8 @@ class RucioFs(pyfuse3.Operations):
         # A file read sparsely a moment ago is read direct: the kernel then asks for what
         # the reader reads, not its read-ahead around each piece.
         direct = self.config.direct_sparse and data_path.read_sparsely(node.path, entry)
-        stream = data_path.stream(node.path, entry, backend_handle, self.nursery, direct)
+        stream = data_path.stream(node.path, entry, backend_handle, self.nursery, direct,
+                                  reader=getattr(ctx, "pid", None))
         fh = self._new_fh()
         self._files[fh] = _FileHandle(node, entry, backend_handle, verifier, stream,
                                       catalog=self.catalog)
@@ -641,7 +642,10 @@ class RucioFs(pyfuse3.Operations):
         if handle.verifier is not None:
             await self.verification.leave(handle.inode, handle.verifier)
         if handle.backend_handle is not None or handle.dirty is None:
-            await self.catalog.close(handle.backend_handle)
+            # Pieces fetched ahead with this backend handle may still be on their way.
+            backend_handle = handle.backend_handle
+            await self.catalog.data_path.handle_users.close(
+                backend_handle, lambda: self.catalog.close(backend_handle))
 
     async def _release_writer(self, handle: _FileHandle) -> None:
         """The handle's writer is gone: its file is uploaded (sync) or left queued."""
