@@ -419,6 +419,13 @@ class Backend(ABC):
     #: empty one at its last close (`echo x > f` closes a duplicate of the new, still empty
     #: file before writing); storing other content later fails (AlreadyExists).
     write_once: ClassVar[bool] = False
+    #: Whether an upload stores the modification time it is given at no cost of its own (S3:
+    #: a header of the same PUT). The core then gives every upload the time of the content's
+    #: last write when none was set, so a file shows the same time, to the nanosecond and on
+    #: the mount's clock, before and after its upload (a server's own time is another clock,
+    #: often in whole seconds: a later write within that second would look older than it
+    #: is, and ``git status`` would miss it).
+    stores_write_times: ClassVar[bool] = False
 
     def check_new(self, path: str, kind: Kind, parent: Entry) -> None:  # noqa: B027
         """Raise the error that making ``kind`` at ``path`` in directory ``parent`` (its

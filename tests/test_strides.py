@@ -243,3 +243,33 @@ def test_a_strided_pass_is_served_ahead(pieces_fail):
     else:
         assert stats.events["stride_served_reads"] >= 34, stats.events
         assert stats.events["stride_misses"] == 0, stats.events
+
+
+def test_a_header_read_brings_what_the_reader_asks_next():
+    """uproot through fsspec opens the file for each read: the header (a page at offset 0),
+    then the top directory right after it, through another handle. The header's read fetches
+    ``HEAD_PIECE`` bytes, so the second read costs no request."""
+    from rucio_fs.data.datapath import HEAD_PIECE
+
+    stats = Stats()
+    calls = BackendCalls(stats, timeout=30, coalescing=True)
+    requests = []
+
+    async def fetch(handle, offset, size):
+        requests.append((offset, size))
+        return FILE[offset:offset + size]
+
+    entry = Entry(name="f", kind=Kind.FILE, size=len(FILE), version="e1")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            data_path = DataPath(MountConfig(memory_limit=64 << 20), stats, calls, fetch)
+            for start, size in ((0, 4096), (1306, 4096)):
+                stream = data_path.stream("/f", entry, object(), nursery, direct=True,
+                                          reader=1)
+                assert bytes(await stream.read(start, size)) == FILE[start:start + size]
+                await stream.close()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert requests == [(0, HEAD_PIECE)]

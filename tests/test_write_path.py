@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -433,3 +434,45 @@ def test_a_directory_whose_mkdir_failed_lists_empty_and_can_be_removed(mount_fs,
         waited = run_cli("uploads", "--wait", str(mnt.path), timeout=60)
         assert waited.returncode == 0, waited.stdout + waited.stderr
         assert _stored(s3_server, f"{prefix}/d/") is None
+
+
+def test_an_upload_finishing_during_the_sync_of_a_later_close_is_not_queued_again(
+        tmp_path, monkeypatch):
+    """Promise (async write-back, ``--durable close``): a close returns once what was written
+    is durable and queued or uploaded. When the upload queued by an earlier close finishes
+    while a later close syncs the staging file, and it took the later write with it, the
+    later close has nothing left to queue (it raised an AssertionError: its record was gone
+    with the upload)."""
+    syncs: list[int] = []
+    state: dict[str, Any] = {}
+
+    def sync_after_upload(data_fd: int, journal_fd: int) -> None:
+        syncs.append(data_fd)
+        if len(syncs) == 2:  # the later close: the earlier upload finishes meanwhile
+            dirty = state["dirty"]
+            deadline = time.monotonic() + 10
+            while (dirty.op is not None or dirty.dirty) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            state["uploaded_during_sync"] = not dirty.dirty
+
+    monkeypatch.setattr(writeback_module, "_sync_both", sync_after_upload)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            harness = _Harness(tmp_path, nursery, asynchronous=True, durable="close")
+            writes = harness.writes
+            dirty = state["dirty"] = writes.open("/f", None)
+            await dirty.write(0, _content(2 * MiB))  # beyond a slot: a staging file's sync
+            await writes.close(dirty)
+            await dirty.write(0, b"newer")
+            await writes.close(dirty)
+            assert state["uploaded_during_sync"], "the upload never finished during the sync"
+            await writes.release(dirty)
+            await writes.settle("/f")
+            backend = harness.backend
+            entry = await backend.stat("/f")
+            stored = await backend.read(await backend.open("/f", entry), 0, entry.size)
+            assert bytes(stored[:5]) == b"newer" and entry.size == 2 * MiB
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)

@@ -272,6 +272,9 @@ class S3Backend(Backend):
     capabilities: ClassVar[Capability] = (Capability.WRITE | Capability.MKDIR
                                           | Capability.UNLINK | Capability.RENAME
                                           | Capability.SETXATTR | Capability.SYMLINK)
+    #: ``x-amz-meta-mtime`` rides in the PUT (or the multipart upload's start).
+    stores_write_times: ClassVar[bool] = True
+
     def __init__(self, settings: S3Settings) -> None:
         self.settings = settings
         self.single_put_max = self.upload_part_size = settings.part_size

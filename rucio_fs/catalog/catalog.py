@@ -632,6 +632,11 @@ class Catalog:
         """Whether a file's content is stored only once (:attr:`Backend.write_once`)."""
         return self.backend.write_once
 
+    @property
+    def stores_write_times(self) -> bool:
+        """Whether uploads carry the time of the last write (:attr:`Backend.stores_write_times`)."""
+        return self.backend.stores_write_times
+
     def check_new(self, path: str, kind: Kind, parent: Entry) -> None:
         """Raise what making ``kind`` at ``path`` in ``parent`` would meet on the server
         (:meth:`Backend.check_new`), before anything is staged or queued."""

@@ -39,6 +39,8 @@ DISK_QUEUE_BLOCKS = 32
 SPARSE_MEMORY = 60.0
 #: The most files remembered as read sparsely.
 SPARSE_FILES = 4096
+#: What a small first read at offset 0 (a file's header) fetches.
+HEAD_PIECE = 16 << 10
 #: A page: what a buffered reader (Python, stdio) reads after a direct read of whole pages.
 PAGE = 4096
 
@@ -314,7 +316,8 @@ class ReadStream:
 
     async def read(self, offset: int, size: int) -> bytes:
         block_size = self.data_path.config.block_size
-        if self.last_end < 0:
+        first = self.last_end < 0
+        if first:
             self.run = size
             self.sparse = offset != 0 or size < min(SEQUENTIAL_FIRST_READ, self.entry.size)
             if offset != 0:
@@ -336,7 +339,7 @@ class ReadStream:
             self.next_page = None
             return kept[1][:size]
         if self.stride is not None and not sequential:
-            ahead = await self._from_piece(offset, size)
+            ahead = await self._from_piece(offset, size, first)
             if ahead is not None:
                 return ahead
         if (self.direct and not sequential and size % PAGE == 0
@@ -348,14 +351,21 @@ class ReadStream:
         return await self.data_path.read(self.path, self.entry, self.handle, offset, size,
                                          sequential)
 
-    async def _from_piece(self, offset: int, size: int) -> bytes | memoryview | None:
+    async def _from_piece(self, offset: int, size: int, first: bool
+                          ) -> bytes | memoryview | None:
         """The read from pieces fetched ahead of it (waiting for those on their way), or None.
         The read is noted first, so that the pieces predicted after it are on their way
-        meanwhile."""
+        meanwhile. A handle's small first read at offset 0 (a file's header) is fetched as a
+        piece of :data:`HEAD_PIECE` bytes: formats keep their first directory right after the
+        header, and a reader asks for it next."""
         stride, data_path = self.stride, self.data_path
         assert stride is not None and self.prefetcher is not None
         end = min(offset + size, self.entry.size)
         pieces = stride.store.cover(stride.key, offset, end)
+        if pieces is None and first and offset == 0 and end < HEAD_PIECE:
+            await stride.fetch_now(data_path.fetch_piece, self.handle,
+                                   min(HEAD_PIECE, self.entry.size))
+            pieces = stride.store.cover(stride.key, offset, end)
         if stride.note(offset, end - offset, served=pieces is not None):
             stride.predict(data_path.fetch_piece, self.handle, self.prefetcher.nursery,
                            data_path.handle_users)

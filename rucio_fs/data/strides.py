@@ -361,6 +361,18 @@ class StrideReader:
                 start_guarded(nursery, self.stats.events, f"read-ahead of {self.key[0]}",
                               self._fetch, fetch, handle, piece, users)
 
+    async def fetch_now(self, fetch: Fetch, handle: object, end: int) -> None:
+        """Fetch ``[0, end)`` as pieces in the foreground (what no piece brings yet); a failure
+        leaves the range to its reader."""
+        for piece in self.store.claim(self.key, 0, end):
+            data = None
+            try:
+                data = await fetch(handle, piece.start, piece.end - piece.start)
+            except RucioFsError as exc:
+                log.debug("head of %s failed: %s", self.key[0], exc)
+            finally:
+                self.store.arrived(self.key, piece, data)
+
     async def _fetch(self, fetch: Fetch, handle: object, piece: Piece,
                      users: HandleUsers) -> None:
         data = None

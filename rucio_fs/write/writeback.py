@@ -101,7 +101,7 @@ class DirtyFile:
                  "fd", "frontier",
                  "generation", "in_journal", "inline", "lock", "materialized", "mtime_ns", "op",
                  "parked", "path", "size", "slot", "stage_n", "staged", "staging_path",
-                 "streaming", "unlinked", "unreported", "wb", "writers")
+                 "streaming", "syncing", "unlinked", "unreported", "wb", "writers")
 
     def __init__(self, writeback: WriteBack, path: str, base: Entry | None,
                  staged: tuple[str, int] | None = None) -> None:
@@ -156,6 +156,8 @@ class DirtyFile:
         self._committed: Upload | None = None
         self._next_part = 1
         self._in_flight = 0
+        #: Closes syncing the staging file through ``fd`` in a worker thread right now.
+        self.syncing = 0
         # Made with the first part (most files are one PUT: thousands queue without them).
         self._parts_done: trio.Event | None = None
         self._part_error: BaseException | None = None
@@ -211,8 +213,8 @@ class DirtyFile:
         """Free what no writer needs while the upload is queued: close the staging file (a
         queue of thousands of files holds no descriptors), give back a slot whose content
         the journal holds."""
-        if self.writers or self._in_flight:
-            return  # parts on their way read the staging file through this descriptor
+        if self.writers or self._in_flight or self.syncing:
+            return  # parts on their way (or a sync) use the staging file's descriptor
         if self.fd >= 0:
             os.close(self.fd)
             self.fd, self.parked = -1, True
@@ -433,11 +435,15 @@ class DirtyFile:
 
     def _upload_attributes(self) -> Attributes:
         """What the upload carries: the attributes set here, over the replaced file's own (a
-        catalog that replaces an object's metadata with its content must not lose them)."""
+        catalog that replaces an object's metadata with its content must not lose them), and
+        the time of the last write where none was set and the catalog stores it for nothing
+        (:attr:`~rucio_fs.backend.Backend.stores_write_times`)."""
         base = self.base
-        if base is None:
-            return self.attributes
-        return Attributes(mode=base.mode, uid=base.uid, gid=base.gid).then(self.attributes)
+        carried = (self.attributes if base is None else
+                   Attributes(mode=base.mode, uid=base.uid, gid=base.gid).then(self.attributes))
+        if carried.mtime_ns is None and self.wb.catalog.stores_write_times:
+            carried = replace(carried, mtime_ns=self.mtime_ns)
+        return carried
 
     async def _store_attributes(self, entry: Entry) -> Entry:
         """After the content is confirmed: attributes set after its upload began are stored
@@ -949,12 +955,18 @@ class WriteBack:
         else:
             dirty.record()
             if durable:
-                await trio.to_thread.run_sync(_sync_both, dirty.fd, self.journal.fd)
+                # The queued upload may finish meanwhile: its descriptor stays open.
+                dirty.syncing += 1
+                try:
+                    await trio.to_thread.run_sync(_sync_both, dirty.fd, self.journal.fd)
+                finally:
+                    dirty.syncing -= 1
                 self.journal.syncs += 1
         if durable:
             self.catalog.stats.events["close_syncs"] += 1
         dirty.staged = generation
-        if dirty.op is None:
+        # (An upload that finished during the sync took this content: nothing is left.)
+        if dirty.op is None and dirty.dirty and not dirty.unlinked:
             self._queue_put(dirty)
 
     def _queue_put(self, dirty: DirtyFile) -> None:
@@ -1203,8 +1215,8 @@ class WriteBack:
     def _forget(self, dirty: DirtyFile) -> None:
         """Done with ``dirty`` (uploaded or discarded), unless a writer opened it again while
         its upload was on its way: then it stays, with its staging file."""
-        if dirty.writers > 0 or dirty.op is not None:
-            return
+        if dirty.writers > 0 or dirty.op is not None or dirty.syncing:
+            return  # (a close syncing its staging file forgets it when done)
         if self.files.get(dirty.path) is dirty:
             del self.files[dirty.path]
         dirty.close_staging(keep=False)
