@@ -366,7 +366,8 @@ class ReadStream:
             await stride.fetch_now(data_path.fetch_piece, self.handle,
                                    min(HEAD_PIECE, self.entry.size))
             pieces = stride.store.cover(stride.key, offset, end)
-        if stride.note(offset, end - offset, served=pieces is not None):
+        late = pieces is not None and not all(p.ready.is_set() for p in pieces)
+        if stride.note(offset, end - offset, served=pieces is not None, late=late):
             stride.predict(data_path.fetch_piece, self.handle, self.prefetcher.nursery,
                            data_path.handle_users)
         if pieces is None:

@@ -312,8 +312,9 @@ class StrideReader:
     ``note`` each read (:class:`~rucio_fs.data.datapath.ReadStream` serves it from the pieces
     that cover it, when some do), then ``predict``. While the thread's
     spans follow a :class:`Pattern`, the next ``ahead`` predicted spans are claimed and
-    fetched in the background; ``ahead`` doubles each time the thread reads a piece it was
-    given, from :data:`FIRST_AHEAD` to :data:`MAX_AHEAD`, and starts over on a miss.
+    fetched in the background; ``ahead`` doubles each time the thread finds a piece it was
+    given still on its way, from :data:`FIRST_AHEAD` to :data:`MAX_AHEAD` (on a fast link
+    pieces arrive in time and few are in flight), and starts over on a miss.
     """
 
     def __init__(self, key: tuple[str, str], size: int, store: PieceStore, stats: Stats) -> None:
@@ -325,8 +326,9 @@ class StrideReader:
         self.ahead = FIRST_AHEAD
         self._predicted = False
 
-    def note(self, offset: int, size: int, served: bool) -> bool:
-        """Record a read; whether it started a new span (then predictions may follow)."""
+    def note(self, offset: int, size: int, served: bool, late: bool = False) -> bool:
+        """Record a read (``served``: from pieces; ``late``: one was still on its way);
+        whether it started a new span (then predictions may follow)."""
         end = offset + size
         self.store.note_read(self.key, offset, end)
         if self.spans and self.spans[-1][1] == offset:
@@ -334,7 +336,8 @@ class StrideReader:
             return False
         if self._predicted:
             if served:
-                self.ahead = min(2 * self.ahead, MAX_AHEAD)
+                if late:  # deeper only while the reader waits: on a fast link, no deeper
+                    self.ahead = min(2 * self.ahead, MAX_AHEAD)
                 self.stats.events["stride_hits"] += 1
             else:
                 self.ahead = FIRST_AHEAD
