@@ -42,9 +42,9 @@ FIRST_AHEAD, MAX_AHEAD = 2, 8
 #: A reader's page: a buffered reader may read this much past a span it was given.
 PAGE = 4096
 #: Intervals remembered as read per file (beyond this the record starts over).
-READ_INTERVALS = 4096
+READ_INTERVALS = 1024
 #: Contents whose reads are remembered, and for how long after their last read.
-READ_FILES, PASS_IDLE = 4096, 5.0
+READ_FILES, PASS_IDLE = 256, 5.0
 #: The shortest part of a predicted span fetched beside pieces already asked for.
 MIN_GAP = 16 << 10
 #: Seconds after which a piece no reader took may make room for another.
