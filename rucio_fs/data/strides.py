@@ -368,25 +368,26 @@ class StrideReader:
         """Fetch ``[0, end)`` as pieces in the foreground (what no piece brings yet); a failure
         leaves the range to its reader."""
         for piece in self.store.claim(self.key, 0, end):
-            data = None
-            try:
-                data = await fetch(handle, piece.start, piece.end - piece.start)
-            except RucioFsError as exc:
-                log.debug("head of %s failed: %s", self.key[0], exc)
-            finally:
-                self.store.arrived(self.key, piece, data)
+            await self._fill(fetch, handle, piece)
 
     async def _fetch(self, fetch: Fetch, handle: object, piece: Piece,
                      users: HandleUsers) -> None:
+        try:
+            await self._fill(fetch, handle, piece)
+        finally:
+            await users.give(handle)
+
+    async def _fill(self, fetch: Fetch, handle: object, piece: Piece) -> None:
+        """``piece``'s bytes from the backend; a failure leaves them to the reader, which
+        fetches (and reports) them itself."""
         data = None
         try:
             data = await fetch(handle, piece.start, piece.end - piece.start)
-        except RucioFsError as exc:  # the reader fetches (and reports) it itself
-            log.debug("stride read-ahead of %s %d+%d failed: %s", self.key[0], piece.start,
+        except RucioFsError as exc:
+            log.debug("read-ahead of %s %d+%d failed: %s", self.key[0], piece.start,
                       piece.end - piece.start, exc)
         finally:
             self.store.arrived(self.key, piece, data)
-            await users.give(handle)
 
 
 class HandleUsers:
