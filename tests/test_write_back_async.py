@@ -316,6 +316,7 @@ def test_a_close_syncs_nothing_unless_asked_and_fsync_is_the_power_cut_promise(
         assert "close_syncs" not in mnt.stats()["events"]
     with open(mnt.path / "covered", "wb") as f:
         f.write(b"fsync covered this")
+        f.flush()  # (Python's buffer, not the file, held the bytes until now)
         os.fsync(f.fileno())
     with s3_catalog.server.gateway_down():
         (mnt.path / "uncovered").write_bytes(b"no fsync")

@@ -476,3 +476,40 @@ def test_an_upload_finishing_during_the_sync_of_a_later_close_is_not_queued_agai
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+# -- what the mount wrote is what it reads ---------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_rewrite_under_the_coarse_version_of_the_content_it_replaces_reads_as_written(
+        mount_fs, irods_server, tmp_path, mode):
+    """iRODS versions a file by its modification second and size: content written through
+    the mount with the size and second of content read before it (git's ``index.lock``
+    renamed onto ``index``, a file rewritten in place) gets that content's version. The
+    promise: a read after the change returns what was written, on this mount and on the
+    next one sharing its disk cache. The shared second is set with ``utime``, so that the
+    versions collide on every run."""
+    url = irods_server.url(irods_server.collection(unique("coarse")))
+    options = ("--write-back", mode, "--cache-dir", str(tmp_path / "cache"))
+    second = 1_700_000_000 * 10**9
+    old, renamed, rewritten = b"A" * 436, b"B" * 436, b"C" * 436
+    mnt = mount_fs(url, *options)
+    index, lock = mnt.path / "index", mnt.path / "index.lock"
+    index.write_bytes(old)
+    os.utime(index, ns=(second, second))
+    run_cli("uploads", "--wait", str(mnt.path))
+    assert index.read_bytes() == old  # cached in memory and on disk, under its version
+    lock.write_bytes(renamed)
+    os.utime(lock, ns=(second, second))
+    os.rename(lock, index)
+    run_cli("uploads", "--wait", str(mnt.path))
+    assert os.stat(index).st_mtime_ns == second and index.read_bytes() == renamed
+    with open(index, "r+b") as f:
+        f.write(rewritten)
+    os.utime(index, ns=(second, second))
+    run_cli("uploads", "--wait", str(mnt.path))
+    assert os.stat(index).st_mtime_ns == second and index.read_bytes() == rewritten
+    mnt.unmount()
+    again = mount_fs(url, *options)
+    assert (again.path / "index").read_bytes() == rewritten

@@ -201,7 +201,7 @@ class Uploads:
         found: dict[str, Any] = {}
 
         async def replica() -> None:
-            found["replica"] = (await self._replicas([did], all_states=False)).get(did)
+            found["replica"] = (await self._replicas([did])).get(did)
 
         async def attached() -> None:
             found["attached"] = await self._attached.run(target)
@@ -305,7 +305,7 @@ class Uploads:
                                    {"scope": did.scope, "name": did.name, "state": "A"}
                                    for did in dict.fromkeys(f.did for f in files)]},
                                what=f"replicas of {_files(files)} made available")
-        held = await self._replicas([f.did for f in files], all_states=False)
+        held = await self._replicas([f.did for f in files])
         failures: dict[_File, RucioFsError] = {}
         for f in files:
             record = held.get(f.did) or {}
@@ -344,14 +344,15 @@ class Uploads:
                 failures[f] = exc
         return failures
 
-    async def _replicas(self, dids: list[Did], all_states: bool = True
-                        ) -> dict[Did, Mapping[str, Any]]:
-        """The catalog's records of files ``dids`` with their replicas' states per RSE
-        (each state's, or the AVAILABLE ones), without PFNs: a scheme no protocol has makes
-        the server skip building them, about a third of its work for a list."""
+    async def _replicas(self, dids: list[Did]) -> dict[Did, Mapping[str, Any]]:
+        """The catalog's records of files ``dids`` with their replicas' states per RSE,
+        without PFNs: a scheme no protocol has makes the server skip building them, about a
+        third of its work for a list. Every state on every RSE is asked for: the server
+        leaves out RSEs whose reads are switched off, where an upload may still go, unless
+        told to ignore their availability."""
         wanted = set(dids)
         body = {"dids": [{"scope": did.scope, "name": did.name} for did in dids],
-                "all_states": all_states, "schemes": [_NO_SCHEME]}
+                "all_states": True, "ignore_availability": True, "schemes": [_NO_SCHEME]}
         found: dict[Did, Mapping[str, Any]] = {}
         async for line in self.api.ndjson("POST", "/replicas/list", json=body,
                                           what=f"replicas of {len(dids)} file(s)"):

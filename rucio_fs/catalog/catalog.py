@@ -730,7 +730,7 @@ class Catalog:
         new = await self.calls.timed(
             "set_attributes", lambda: self.backend.set_attributes(path, entry, attributes))
         self.stored_attributes(path, attributes, new)
-        self.note_entry(path, new)
+        self.note_entry(path, new, content=False)
         return self._with_kept(path, new)
 
     def stored_attributes(self, path: str, wanted: Attributes, entry: Entry) -> None:
@@ -830,7 +830,7 @@ class Catalog:
     async def set_xattr(self, path: str, entry: Entry, name: str, value: bytes | None) -> Entry:
         new = await self.calls.timed(
             "setxattr", lambda: self.backend.set_xattr(path, entry, name, value))
-        self.note_entry(path, new)
+        self.note_entry(path, new, content=False)
         return new
 
     # -- uploads ----------------------------------------------------------------------------
@@ -862,10 +862,14 @@ class Catalog:
         time ``mtime_ns`` (what the server shows comes with the next fetch of them)."""
         self._change_cached(path, lambda entry: replace(entry, mtime_ns=mtime_ns))
 
-    def note_entry(self, path: str, entry: Entry | None) -> None:
+    def note_entry(self, path: str, entry: Entry | None, content: bool = True) -> None:
         """``path`` now is ``entry`` (None: gone) after a change made through this mount: the
         metadata layer and the parent's listing, cached or being fetched, learn it without
-        asking the backend (with the attributes kept for it)."""
+        asking the backend (with the attributes kept for it); unless only attributes changed
+        (``content`` False), nothing cached of the path's content before is served for it."""
+        if content and (entry is None or not entry.is_dir):
+            old = self.metadata.peek(path)
+            self.data_path.changed(path, None if old is _MISSING else old)
         if entry is None:
             if self._kept:
                 self._drop_kept(path)

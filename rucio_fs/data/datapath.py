@@ -10,13 +10,15 @@ this module never sees the backend itself.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import trio
-from cachetools import TTLCache
+from cachetools import LRUCache, TTLCache
 
 from rucio_fs.backend import Entry, content_version
 from rucio_fs.background import survive
@@ -41,6 +43,9 @@ SPARSE_MEMORY = 60.0
 SPARSE_FILES = 4096
 #: What a small first read at offset 0 (a file's header) fetches.
 HEAD_PIECE = 16 << 10
+#: The most paths whose change through the mount is remembered (:meth:`DataPath.changed`):
+#: far more than the blocks the data layer holds, whose keys the marks keep apart.
+CHANGED_PATHS = 65536
 #: A page: what a buffered reader (Python, stdio) reads after a direct read of whole pages.
 PAGE = 4096
 
@@ -67,8 +72,14 @@ class DataPath:
             if config.data and config.prefetch_max_bytes else 1)
         # Blocks go to the disk layer in the background, several written at once; reads wait
         # only when the disk falls a whole queue behind the network.
-        self._disk_send, self._disk_recv = trio.open_memory_channel[tuple[Hashable, Any]](
-            DISK_QUEUE_BLOCKS)
+        # (Each with the mark its path had when the block was fetched: see :meth:`changed`.)
+        self._disk_send, self._disk_recv = trio.open_memory_channel[
+            tuple[Hashable, Any, str | None]](DISK_QUEUE_BLOCKS)
+        #: Paths whose content changed through this mount, each with a mark no other content
+        #: of the path had in this mount (see :meth:`version_of`).
+        self._marks: LRUCache[str, str] = LRUCache(CHANGED_PATHS)
+        self._mark_prefix = os.urandom(4).hex()
+        self._changes = itertools.count(1)
         #: Files (path, content version) read sparsely a moment ago.
         self._sparse: TTLCache[tuple[str, str], bool] = TTLCache(SPARSE_FILES, SPARSE_MEMORY)
         #: Pieces fetched ahead of strided readers, the readers (per file content and thread)
@@ -77,6 +88,32 @@ class DataPath:
         self._strides: TTLCache[tuple[str, str, int], StrideReader] = TTLCache(
             SPARSE_FILES, SPARSE_MEMORY)
         self.handle_users = HandleUsers()
+
+    def version_of(self, path: str, entry: Entry) -> str:
+        """What keys ``entry``'s content of ``path`` in every layer: its content version,
+        marked apart once this mount changed the path. A backend whose versions are coarse
+        (iRODS: the modification second and the size) gives a rewrite within the same
+        second, to the same size, the version of the content it replaced: blocks, pieces
+        and verdicts of that content must never be taken for it."""
+        version = content_version(entry)
+        mark = self._marks.get(path)
+        return version if mark is None else f"{version}~{mark}"
+
+    def changed(self, path: str, old: Entry | None) -> None:
+        """The content of ``path`` changed through this mount (written, truncated, replaced
+        or removed); ``old`` is what it was, if known. Nothing read of it before is served
+        for it again: from now on its content is keyed apart (:meth:`version_of`), and
+        blocks of ``old`` leave the disk layer, where a later mount would key the new
+        content as the server versions it. A block fetched before the change and still
+        queued for the disk is not written."""
+        if old is not None and not old.is_dir:
+            versions = {self.version_of(path, old), content_version(old)}
+            for index in range(-(-old.size // self.config.block_size)):
+                for key in [(path, version, index) for version in versions]:
+                    self.data.discard(key)
+                    if self.disk is not None and self.disk.has(key):
+                        self.disk.discard(key)
+        self._marks[path] = f"{self._mark_prefix}.{next(self._changes)}"
 
     def stream(self, path: str, entry: Entry, handle: Any, nursery: trio.Nursery | None,
                direct: bool = False, reader: int | None = None) -> ReadStream:
@@ -89,7 +126,7 @@ class DataPath:
             prefetcher = Prefetcher(self, path, entry, handle, nursery, self.prefetch_budget,
                                     window)
             if reader is not None:
-                version = content_version(entry)
+                version = self.version_of(path, entry)
                 stride = self._strides.get((path, version, reader))
                 if stride is None:
                     stride = self._strides[(path, version, reader)] = StrideReader(
@@ -106,10 +143,10 @@ class DataPath:
         opens the file for each basket (uproot's default, through fsspec). Such a file is
         best opened direct: the kernel's read-ahead after each basket costs more than the
         reader's buffered rest of it."""
-        return (path, content_version(entry)) in self._sparse
+        return (path, self.version_of(path, entry)) in self._sparse
 
     def note_sparse(self, path: str, entry: Entry, sparse: bool) -> None:
-        key = (path, content_version(entry))
+        key = (path, self.version_of(path, entry))
         if sparse:
             self._sparse[key] = True
         else:
@@ -126,7 +163,7 @@ class DataPath:
         size = min(size, entry.size - offset)
         if size <= 0:
             return b""
-        version = content_version(entry)
+        version = self.version_of(path, entry)
         if not self.data.enabled and self.disk is None:
             return await self._fetch(handle, (path, version, offset, size), offset, size)
         block_size = self.config.block_size
@@ -228,24 +265,30 @@ class DataPath:
         return await self.calls.shared("read", key,
                                        lambda: self._fetch_exact(handle, offset, size))
 
-    async def _to_disk(self, key: Hashable, block: Any) -> None:
+    async def _to_disk(self, key: tuple[str, str, int], block: Any) -> None:
         if self.disk is not None:
-            await self._disk_send.send((key, block))
+            await self._disk_send.send((key, block, self._marks.get(key[0])))
+
+    def _still_current(self, key: tuple[str, str, int], mark: str | None) -> bool:
+        """Whether the path of a queued block has not changed since it was fetched."""
+        return self._marks.get(key[0]) == mark
 
     async def run_disk_writer(self) -> None:
         """Write queued blocks to the disk layer (a task of the daemon's nursery)."""
-        async for key, block in self._disk_recv:
-            with survive(self.stats.events, "storing a block in the disk layer"):
-                await self.disk.put(key, block)  # type: ignore[union-attr]
+        async for key, block, mark in self._disk_recv:
+            if self._still_current(key, mark):
+                with survive(self.stats.events, "storing a block in the disk layer"):
+                    await self.disk.put(key, block)  # type: ignore[union-attr]
 
     async def flush_disk_writes(self) -> None:
         """Write what is still queued (at unmount: nothing fetched is lost to the layer)."""
         while self.disk is not None:
             try:
-                key, block = self._disk_recv.receive_nowait()
+                key, block, mark = self._disk_recv.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 return
-            await self.disk.put(key, block)
+            if self._still_current(key, mark):
+                await self.disk.put(key, block)
 
     def discard(self, path: str, entry: Entry) -> None:
         """Forget every cached block and piece of ``path`` (e.g. after it failed
@@ -254,7 +297,7 @@ class DataPath:
         for key in [k for k in self.data.cached_keys() if k[0] == path]:
             self.data.discard(key)
         if self.disk is not None:
-            version = content_version(entry)
+            version = self.version_of(path, entry)
             for index in range((entry.size + self.config.block_size - 1)
                                // self.config.block_size):
                 self.disk.discard((path, version, index))

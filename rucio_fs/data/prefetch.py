@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import trio
 
-from rucio_fs.backend import Entry, content_version
+from rucio_fs.backend import Entry
 from rucio_fs.background import start_guarded
 from rucio_fs.config import MountConfig
 from rucio_fs.errors import RucioFsError
@@ -32,6 +32,9 @@ class BlockSource(Protocol):
 
     config: MountConfig
     stats: Stats
+
+    def version_of(self, path: str, entry: Entry) -> str:
+        """What keys ``entry``'s content of ``path`` in the layers."""
 
     def block_state(self, path: str, version: str, index: int) -> str:
         """``"memory"``, ``"coming"``, ``"disk"`` or ``"missing"``."""
@@ -55,7 +58,7 @@ class Prefetcher:
         self.nursery = nursery
         self.budget = budget
         self.max_blocks = max_blocks
-        self.version = content_version(entry)
+        self.version = data_path.version_of(path, entry)
         self.window = 0
         self._next = 0  # first block index not yet asked for
         self._block = -1  # the block the last sequential read ended in

@@ -35,7 +35,6 @@ from rucio_fs.backend import (
     Entry,
     FsUsage,
     Kind,
-    content_version,
     same_attributes,
 )
 from rucio_fs.background import start_guarded
@@ -570,7 +569,7 @@ class RucioFs(pyfuse3.Operations):
             raise NotFound(f"{node.path}: removed")
         entry = await self._revalidate(node)
         backend_handle = await self.catalog.open(node.path, entry)
-        version = content_version(entry)
+        version = self.catalog.data_path.version_of(node.path, entry)
         verifier = self.verification.join(node, entry.checksums, entry.size, version,
                                           self.nursery)
         # Keep the kernel's page cache only when it can hold nothing but this very content,
