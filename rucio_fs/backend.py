@@ -173,6 +173,13 @@ class Entry:
     def is_dir(self) -> bool:
         return self.kind is Kind.DIR
 
+    def at_time(self, mtime_ns: int) -> Entry:
+        """This entry showing time ``mtime_ns`` (``dataclasses.replace``, without its cost:
+        a directory's time changes with every name made in it)."""
+        return Entry(self.name, self.kind, self.size, mtime_ns, self.checksums,
+                     self.immutable, self.version, self.metadata, self.mode, self.uid,
+                     self.gid, self.complete)
+
     @property
     def is_symlink(self) -> bool:
         return self.kind is Kind.SYMLINK
@@ -466,6 +473,12 @@ class Backend(ABC):
     async def rmdir(self, path: str) -> None:
         """Remove empty directory ``path``; NotEmpty when it has children."""
         raise NotSupported(f"{self.scheme}: rmdir is not supported")
+
+    def holds_unlisted(self, path: str) -> bool:
+        """Whether the last listing of directory ``path`` found what it cannot show (on S3:
+        hidden keys, a ``dir/`` marker holding data). Such a directory is not empty though
+        it lists so: the core refuses its removal. False by default."""
+        return False
 
     #: The most names one :meth:`remove_many` call removes at once (1: one by one).
     remove_batch_max: ClassVar[int] = 1

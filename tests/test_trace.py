@@ -55,6 +55,35 @@ def test_trace_ls_matches_daemon_counters(mount_fs):
     assert tracing_state() == before
 
 
+def test_every_handler_of_the_daemon_joins_its_kernel_requests():
+    """Each FUSE operation the daemon answers (every ``fuse_op`` handler) names the kernel
+    opcodes it answers: else its requests would be reported as never reaching the daemon."""
+    import inspect
+
+    from rucio_fs.fuse.fs import RucioFs
+
+    handlers = {name for name, fn in inspect.getmembers(RucioFs, inspect.iscoroutinefunction)
+                if getattr(fn, "__wrapped__", None) is not None}
+    assert {"lookup", "create", "write", "flush", "rename"} <= handlers
+    assert handlers <= set(tracing.DAEMON_OPCODES)
+
+
+def test_a_copy_into_a_writable_mount_joins_its_writes(mount_fs, tmp_path):
+    """``cp`` of new files: their creates, writes, flushes and releases reach the daemon,
+    and the report says so."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for i in range(20):
+        (source / f"f{i}").write_bytes(b"x" * 100)
+    m = mount_fs(f"memory://trace-{os.getpid()}")
+    report = trace_json(m, "cp", "-r", str(source), str(m.path / "copy"))
+    ops = report["ops"]
+    for opcode in ("FUSE_CREATE", "FUSE_WRITE", "FUSE_FLUSH", "FUSE_RELEASE", "FUSE_MKDIR"):
+        assert ops[opcode]["count"] >= 1, opcode
+        assert ops[opcode]["joined"] == ops[opcode]["count"], (opcode, ops[opcode])
+    assert not report["daemon_only"], report["daemon_only"]
+
+
 def test_a_slow_backend_shows_as_daemon_time_of_the_requests_waiting_for_it(mount_fs):
     """Every backend call of a cold ``ls`` sleeps 200 ms (demo latency): each request that
     waited for one (the lookups for the stats, the opening of the directory for its

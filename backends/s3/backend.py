@@ -164,6 +164,8 @@ STAT_KEYS = 100
 #: copy needs: about half a kilobyte each). `rsync -a` makes a tree's directories first and
 #: sets their times again once their files are in.
 HEADS_KEPT = 16384
+#: The most directories remembered as holding what their listing does not show.
+UNLISTED_KEPT = 4096
 #: The headers of a kept HEAD: what a metadata copy or a rename starts from.
 _HEAD_KEPT_NAMES = frozenset({"etag", "content-length", "last-modified",
                               "x-amz-storage-class"})
@@ -299,6 +301,9 @@ class S3Backend(Backend):
         #: the answer): what the next metadata copy of it keeps, if its ETag still matches
         #: (`rsync` uploads, sets the time, then renames: one HEAD for the three).
         self._heads: LRUCache[str, dict[str, str]] = LRUCache(HEADS_KEPT)
+        #: Markers of directories whose last listing found what it cannot show: hidden
+        #: keys, or the marker's own data (see :meth:`holds_unlisted`).
+        self._unlisted: LRUCache[str, bool] = LRUCache(UNLISTED_KEPT)
         #: Objects whose PUT answer proved them (key -> ETag): their ``confirm`` needs no HEAD.
         self._proven: LRUCache[str, str] = LRUCache(HEADS_KEPT)
         #: Where the memo is kept for the next mounts (``--cache-dir``), else None.
@@ -538,6 +543,10 @@ class S3Backend(Backend):
             body = following["body"]
         if not page.named_any and path != "/":
             await self._not_listable(path, prefix[:-1])
+        if page.hidden or page.marker_holds_data:
+            self._unlisted[prefix] = True
+        else:
+            self._unlisted.pop(prefix, None)
         if page.hidden:
             self.counters_extra["hidden_keys"] += len(page.hidden)
             if self._hidden_logged < 20:
@@ -813,6 +822,12 @@ class S3Backend(Backend):
         self.memo.forget(key)
         self._heads.pop(key, None)
 
+    def holds_unlisted(self, path: str) -> bool:
+        """Whether the last listing of ``path`` found hidden keys or a marker holding data:
+        the directory is not empty, though it lists so, and no removal deletes its
+        marker."""
+        return self._key(path) + "/" in self._unlisted
+
     remove_batch_max = DELETE_BATCH
 
     async def remove_many(self, items: Sequence[tuple[str, Kind]]
@@ -822,9 +837,12 @@ class S3Backend(Backend):
         one by one."""
         keys = {self._key(path) + ("/" if kind is Kind.DIR else ""): path
                 for path, kind in items}
+        failures: dict[str, RucioFsError] = {}
+        for key in [key for key in keys if key in self._unlisted]:
+            failures[keys.pop(key)] = NotEmpty(f"{key}: it holds keys or data a listing does "
+                                               "not show")
         for key in keys:
             self._heads.pop(key, None)
-        failures: dict[str, RucioFsError] = {}
         for key in [key for key in keys if not xml_safe(key)]:
             path = keys.pop(key)
             try:

@@ -199,6 +199,8 @@ class PageFolder:
         #: Whether a page named any key or common prefix (the directory's own marker and
         #: hidden keys count: the prefix then exists).
         self.named_any = False
+        #: Whether the directory's own marker holds data (an object, not only a marker).
+        self.marker_holds_data = False
 
     def fold(self, body: bytes, last: bool) -> list[Entry]:
         """The entries that can be given out after this page (all of them after the last)."""
@@ -209,8 +211,9 @@ class PageFolder:
         for item in contents:
             key = item.get("Key", "")
             name = key[cut:]
-            if not name:
-                continue  # the directory's own marker
+            if not name:  # the directory's own marker
+                self.marker_holds_data = item.get("Size", "0") != "0"
+                continue
             if not usable_name(name) or name in self.dirs or name in self.held:
                 self.hidden.append(key)
                 continue

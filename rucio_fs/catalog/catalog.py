@@ -632,6 +632,11 @@ class Catalog:
         """Whether a file's content is stored only once (:attr:`Backend.write_once`)."""
         return self.backend.write_once
 
+    def holds_unlisted(self, path: str) -> bool:
+        """Whether directory ``path`` holds what its listing cannot show
+        (:meth:`Backend.holds_unlisted`): it is not empty, though it lists so."""
+        return self.backend.holds_unlisted(path)
+
     @property
     def stores_write_times(self) -> bool:
         """Whether uploads carry the time of the last write (:attr:`Backend.stores_write_times`)."""
@@ -860,7 +865,7 @@ class Catalog:
     def directory_changed(self, path: str, mtime_ns: int) -> None:
         """Names in directory ``path`` changed through this mount: its cached entries show
         time ``mtime_ns`` (what the server shows comes with the next fetch of them)."""
-        self._change_cached(path, lambda entry: replace(entry, mtime_ns=mtime_ns))
+        self._change_cached(path, lambda entry: entry.at_time(mtime_ns))
 
     def note_entry(self, path: str, entry: Entry | None, content: bool = True) -> None:
         """``path`` now is ``entry`` (None: gone) after a change made through this mount: the

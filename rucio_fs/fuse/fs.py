@@ -21,7 +21,7 @@ import select
 import stat
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -947,7 +947,7 @@ class RucioFs(pyfuse3.Operations):
         disk (``rsync -a`` sets a directory's time last only when it sees it changed; a
         catalog may have moved it too)."""
         now = time.time_ns()
-        directory.entry, directory.attrs = replace(directory.entry, mtime_ns=now), None
+        directory.entry, directory.attrs = directory.entry.at_time(now), None
         self.catalog.directory_changed(directory.path, now)
 
     def _changed(self, node: Inode, entry: Entry) -> None:
@@ -1036,7 +1036,7 @@ class RucioFs(pyfuse3.Operations):
                     await listing.wait_beyond(len(listing.entries))
                 if listing.error is not None:
                     raise listing.error
-                empty = not len(listing)
+                empty = not len(listing) and not self.catalog.holds_unlisted(path)
             if not empty:
                 raise NotEmpty(path)
             await writes.queue.room()

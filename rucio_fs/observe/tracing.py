@@ -42,6 +42,12 @@ DAEMON_OPCODES: Mapping[str, tuple[str, ...]] = {
     "open": ("FUSE_OPEN",), "read": ("FUSE_READ",), "release": ("FUSE_RELEASE",),
     "statfs": ("FUSE_STATFS",), "getxattr": ("FUSE_GETXATTR",),
     "listxattr": ("FUSE_LISTXATTR",), "forget": ("FUSE_FORGET", "FUSE_BATCH_FORGET"),
+    "create": ("FUSE_CREATE",), "write": ("FUSE_WRITE",), "flush": ("FUSE_FLUSH",),
+    "fsync": ("FUSE_FSYNC",), "fsyncdir": ("FUSE_FSYNCDIR",), "setattr": ("FUSE_SETATTR",),
+    "mkdir": ("FUSE_MKDIR",), "symlink": ("FUSE_SYMLINK",), "readlink": ("FUSE_READLINK",),
+    "link": ("FUSE_LINK",), "unlink": ("FUSE_UNLINK",), "rmdir": ("FUSE_RMDIR",),
+    "rename": ("FUSE_RENAME2", "FUSE_RENAME"), "setxattr": ("FUSE_SETXATTR",),
+    "removexattr": ("FUSE_REMOVEXATTR",),
 }
 _TOLERANCE_NS = 1_000
 

@@ -39,6 +39,7 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import itertools
 import json
@@ -135,8 +136,9 @@ class Journal:
         end = self._bytes + len(data)
         if end > self._size:
             self._grow(end)
-        os.lseek(self.fd, self._bytes, os.SEEK_SET)
-        os.write(self.fd, data)
+        written = os.pwrite(self.fd, data, self._bytes)
+        if written < len(data):  # (a full disk)
+            raise OSError(errno.ENOSPC, f"{self.path}: {written} of {len(data)} bytes written")
         self._bytes = end
 
     def _grow(self, end: int) -> None:
@@ -183,10 +185,13 @@ class Journal:
         self.fd = -1
 
 
+#: One encoder for every record (``json.dumps`` with options makes one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def _line(record: Mapping[str, Any]) -> bytes:
     fields = {k: v for k, v in record.items() if not k.startswith("_")}
-    return json.dumps(fields, separators=(",", ":"), ensure_ascii=False,
-                      ).encode("utf-8", "surrogateescape") + b"\n"
+    return _ENCODER.encode(fields).encode("utf-8", "surrogateescape") + b"\n"
 
 
 def read_exactly(fd: int, offset: int, size: int) -> bytes:

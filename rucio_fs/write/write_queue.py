@@ -222,6 +222,8 @@ class WriteQueue:
         """Returns once the queue may take another op: at once unless it is :attr:`full`,
         else when ops have left it. Raises :class:`QueueFull` when none left within the
         mount's ``--timeout`` (nothing is queued then: the caller refuses its change)."""
+        if not self.full:
+            return  # (no deadline to set up: every create and close asks)
         timeout = self.wb.catalog.config.backend_timeout
         with trio.move_on_after(timeout):
             while self.full:

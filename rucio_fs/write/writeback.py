@@ -96,9 +96,9 @@ class DirtyFile:
     ``lock``, so a commit uploads a consistent snapshot."""
 
     # Thousands wait in an async queue: no per-instance dict.
-    __slots__ = ("_committed", "_file_slots", "_in_flight", "_next_part", "_part_error",
-                 "_parts_done", "_sent", "_upload", "attributes", "base", "dirty", "error",
-                 "fd", "frontier",
+    __slots__ = ("_committed", "_entry", "_file_slots", "_in_flight", "_next_part",
+                 "_part_error", "_parts_done", "_sent", "_upload", "attributes", "base",
+                 "dirty", "error", "fd", "frontier",
                  "generation", "in_journal", "inline", "lock", "materialized", "mtime_ns", "op",
                  "parked", "path", "size", "slot", "stage_n", "staged", "staging_path",
                  "streaming", "syncing", "unlinked", "unreported", "wb", "writers")
@@ -107,6 +107,7 @@ class DirtyFile:
                  staged: tuple[str, int] | None = None) -> None:
         self.wb = writeback
         self.path = path
+        self._entry: tuple[Any, ...] | None = None
         #: The committed entry this content replaces (None: the file is new).
         self.base = base
         #: Where the content is: a slot of the arena (a new file, until it outgrows the slot
@@ -166,16 +167,31 @@ class DirtyFile:
     # -- what the FUSE layer sees ---------------------------------------------------------
 
     def entry(self) -> Entry:
-        """The file's attributes as they are locally."""
+        """The file's attributes as they are locally (built once per state: the FUSE layer
+        and the catalog's overlay ask for it several times per request)."""
+        state = (self.path, self.size, self.mtime_ns, self.dirty, self.materialized,
+                 self.generation)
+        memo = self._entry
+        if (memo is not None and memo[0] == state and memo[1] is self.base
+                and memo[2] is self.attributes):
+            return memo[3]
+        base, attributes = self.base, self.attributes
         name = self.path.rpartition("/")[2]
-        size = self.size if self.materialized else (self.base.size if self.base else 0)
-        base = self.base or Entry(name=name, kind=Kind.FILE)
+        size = self.size if self.materialized else (base.size if base else 0)
         # (opened for writing, not written: the stored file's time)
-        mtime_ns = self.mtime_ns if self.dirty or self.base is None else base.mtime_ns
-        local = replace(base, name=name, size=size, mtime_ns=mtime_ns, immutable=False,
-                        version=f"{LOCAL_VERSION}{self.generation}:{mtime_ns}:{size}",
-                        checksums={})
-        return replace(self.attributes, mtime_ns=None).applied_to(local)
+        mtime_ns = self.mtime_ns if self.dirty or base is None else base.mtime_ns
+        version = f"{LOCAL_VERSION}{self.generation}:{mtime_ns}:{size}"
+        if base is None:
+            entry = Entry(name, Kind.FILE, size, mtime_ns, {}, False, version,
+                          mode=attributes.mode, uid=attributes.uid, gid=attributes.gid)
+        else:
+            entry = Entry(
+                name, base.kind, size, mtime_ns, {}, False, version, base.metadata,
+                base.mode if attributes.mode is None else attributes.mode,
+                base.uid if attributes.uid is None else attributes.uid,
+                base.gid if attributes.gid is None else attributes.gid, base.complete)
+        self._entry = (state, base, attributes, entry)
+        return entry
 
     def read(self, offset: int, size: int) -> bytes | None:
         """Bytes of the local content, or None while it is still the base's (read that)."""
