@@ -474,11 +474,13 @@ class Backend(ABC):
         """Remove empty directory ``path``; NotEmpty when it has children."""
         raise NotSupported(f"{self.scheme}: rmdir is not supported")
 
-    def holds_unlisted(self, path: str) -> bool:
+    def holds_unlisted(self, path: str) -> bool | None:
         """Whether the last listing of directory ``path`` found what it cannot show (on S3:
-        hidden keys, a ``dir/`` marker holding data). Such a directory is not empty though
-        it lists so: the core refuses its removal. False by default."""
-        return False
+        hidden keys, a ``dir/`` marker holding data): such a directory is not empty though
+        it lists so, and the core refuses its removal. False: the listing showed all; None
+        (the default): unknown. A directory that lists empty and showed all is removed as
+        :meth:`remove_many` removes one."""
+        return None
 
     #: The most names one :meth:`remove_many` call removes at once (1: one by one).
     remove_batch_max: ClassVar[int] = 1

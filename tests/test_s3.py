@@ -168,9 +168,14 @@ def test_cp_r_of_500_files_then_rm_r_match_the_server(mount_fs, s3_server, tmp_p
     assert files == expected
     listed = sorted(str(p.relative_to(mnt.path)) for p in mnt.path.rglob("*") if p.is_file())
     assert listed == sorted(expected)
+    before = mnt.backend_calls("rmdir"), mnt.backend_calls("remove_many")
     subprocess.run(["rm", "-r", str(mnt.path / "tree")], check=True)
     assert server_keys(s3_server.client(), prefix) == {}
     assert os.listdir(mnt.path) == []
+    # Each of the 41 directories rm -r emptied (having listed it, with nothing hidden) goes
+    # in one request, with no listing of its keys first.
+    assert mnt.backend_calls("rmdir") == before[0]
+    assert mnt.backend_calls("remove_many") - before[1] == 41
 
 
 def fsync(path: Path) -> None:

@@ -301,8 +301,8 @@ class S3Backend(Backend):
         #: the answer): what the next metadata copy of it keeps, if its ETag still matches
         #: (`rsync` uploads, sets the time, then renames: one HEAD for the three).
         self._heads: LRUCache[str, dict[str, str]] = LRUCache(HEADS_KEPT)
-        #: Markers of directories whose last listing found what it cannot show: hidden
-        #: keys, or the marker's own data (see :meth:`holds_unlisted`).
+        #: Markers of listed directories, each with whether its last listing found what it
+        #: cannot show: hidden keys, or the marker's own data (see :meth:`holds_unlisted`).
         self._unlisted: LRUCache[str, bool] = LRUCache(UNLISTED_KEPT)
         #: Objects whose PUT answer proved them (key -> ETag): their ``confirm`` needs no HEAD.
         self._proven: LRUCache[str, str] = LRUCache(HEADS_KEPT)
@@ -543,10 +543,7 @@ class S3Backend(Backend):
             body = following["body"]
         if not page.named_any and path != "/":
             await self._not_listable(path, prefix[:-1])
-        if page.hidden or page.marker_holds_data:
-            self._unlisted[prefix] = True
-        else:
-            self._unlisted.pop(prefix, None)
+        self._unlisted[prefix] = bool(page.hidden) or page.marker_holds_data
         if page.hidden:
             self.counters_extra["hidden_keys"] += len(page.hidden)
             if self._hidden_logged < 20:
@@ -805,6 +802,7 @@ class S3Backend(Backend):
             "PUT", self._url_path(key), what=f"mkdir {key}", content=b"",
             headers={"Content-MD5": content_md5(md5(b"")), **headers})
         self.memo.forget(key)
+        self._unlisted[key] = False  # (a new directory: nothing was below its name)
         # What a HEAD of the new marker answers: its attribute changes need not ask.
         self._keep(key, {
             **headers, "content-length": "0",
@@ -822,11 +820,11 @@ class S3Backend(Backend):
         self.memo.forget(key)
         self._heads.pop(key, None)
 
-    def holds_unlisted(self, path: str) -> bool:
+    def holds_unlisted(self, path: str) -> bool | None:
         """Whether the last listing of ``path`` found hidden keys or a marker holding data:
         the directory is not empty, though it lists so, and no removal deletes its
-        marker."""
-        return self._key(path) + "/" in self._unlisted
+        marker. None when this backend has not listed it (or forgot it)."""
+        return self._unlisted.get(self._key(path) + "/")
 
     remove_batch_max = DELETE_BATCH
 
@@ -838,7 +836,7 @@ class S3Backend(Backend):
         keys = {self._key(path) + ("/" if kind is Kind.DIR else ""): path
                 for path, kind in items}
         failures: dict[str, RucioFsError] = {}
-        for key in [key for key in keys if key in self._unlisted]:
+        for key in [key for key in keys if self._unlisted.get(key)]:
             failures[keys.pop(key)] = NotEmpty(f"{key}: it holds keys or data a listing does "
                                                "not show")
         for key in keys:

@@ -635,7 +635,7 @@ class Catalog:
     def holds_unlisted(self, path: str) -> bool:
         """Whether directory ``path`` holds what its listing cannot show
         (:meth:`Backend.holds_unlisted`): it is not empty, though it lists so."""
-        return self.backend.holds_unlisted(path)
+        return bool(self.backend.holds_unlisted(path))
 
     @property
     def stores_write_times(self) -> bool:
@@ -704,7 +704,18 @@ class Catalog:
         self.note_entry(path, None)
 
     async def rmdir(self, path: str) -> None:
-        await self.calls.timed("rmdir", lambda: self.backend.rmdir(path))
+        """Remove directory ``path``. One that this mount lists empty (``rm -r`` removed
+        what it listed there) and whose listing showed all it holds is removed as
+        :meth:`Backend.remove_many` removes a directory seen empty: S3 deletes its marker
+        without listing its keys first."""
+        listing = self.listing.peek(path)
+        if (listing is not None and not len(listing)
+                and self.backend.holds_unlisted(path) is False):
+            failures = await self.remove_many([(path, Kind.DIR)])
+            if path in failures:
+                raise failures[path]
+        else:
+            await self.calls.timed("rmdir", lambda: self.backend.rmdir(path))
         self.forget_listing(path)  # it was empty: nothing below to forget
         self.note_entry(path, None)
 
