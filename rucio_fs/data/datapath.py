@@ -103,17 +103,23 @@ class DataPath:
         """The content of ``path`` changed through this mount (written, truncated, replaced
         or removed); ``old`` is what it was, if known. Nothing read of it before is served
         for it again: from now on its content is keyed apart (:meth:`version_of`), and
-        blocks of ``old`` leave the disk layer, where a later mount would key the new
-        content as the server versions it. A block fetched before the change and still
-        queued for the disk is not written."""
+        blocks of ``old`` leave the layers (on disk, a later mount keys content as the
+        server versions it, and a later ``touch`` may give the new content the old one's
+        version). A block fetched before the change and still queued for the disk is not
+        written."""
         if old is not None and not old.is_dir:
-            versions = {self.version_of(path, old), content_version(old)}
-            for index in range(-(-old.size // self.config.block_size)):
-                for key in [(path, version, index) for version in versions]:
-                    self.data.discard(key)
-                    if self.disk is not None and self.disk.has(key):
-                        self.disk.discard(key)
+            for version in {self.version_of(path, old), content_version(old)}:
+                self._drop_blocks(path, version, old.size)
         self._marks[path] = f"{self._mark_prefix}.{next(self._changes)}"
+
+    def _drop_blocks(self, path: str, version: str, size: int) -> None:
+        """Forget the blocks of ``size`` bytes of content ``version`` of ``path``, in memory
+        and on disk."""
+        for index in range(-(-size // self.config.block_size)):
+            key = (path, version, index)
+            self.data.discard(key)
+            if self.disk is not None and self.disk.has(key):
+                self.disk.discard(key)
 
     def stream(self, path: str, entry: Entry, handle: Any, nursery: trio.Nursery | None,
                direct: bool = False, reader: int | None = None) -> ReadStream:
@@ -296,11 +302,7 @@ class DataPath:
         self.pieces.discard(path)
         for key in [k for k in self.data.cached_keys() if k[0] == path]:
             self.data.discard(key)
-        if self.disk is not None:
-            version = self.version_of(path, entry)
-            for index in range((entry.size + self.config.block_size - 1)
-                               // self.config.block_size):
-                self.disk.discard((path, version, index))
+        self._drop_blocks(path, self.version_of(path, entry), entry.size)
 
     def drop(self, layers: Iterable[str]) -> None:
         """Empty the named layers of the two this path owns (``data``, ``disk``)."""

@@ -181,15 +181,16 @@ class DirtyFile:
         # (opened for writing, not written: the stored file's time)
         mtime_ns = self.mtime_ns if self.dirty or base is None else base.mtime_ns
         version = f"{LOCAL_VERSION}{self.generation}:{mtime_ns}:{size}"
-        if base is None:
-            entry = Entry(name, Kind.FILE, size, mtime_ns, {}, False, version,
-                          mode=attributes.mode, uid=attributes.uid, gid=attributes.gid)
+        if base is None:  # (most files: no ``replace``, which costs more than the rest)
+            entry = Entry(name=name, kind=Kind.FILE, size=size, mtime_ns=mtime_ns,
+                          version=version, mode=attributes.mode, uid=attributes.uid,
+                          gid=attributes.gid)
         else:
-            entry = Entry(
-                name, base.kind, size, mtime_ns, {}, False, version, base.metadata,
-                base.mode if attributes.mode is None else attributes.mode,
-                base.uid if attributes.uid is None else attributes.uid,
-                base.gid if attributes.gid is None else attributes.gid, base.complete)
+            entry = replace(base, name=name, size=size, mtime_ns=mtime_ns, checksums={},
+                            immutable=False, version=version,
+                            mode=base.mode if attributes.mode is None else attributes.mode,
+                            uid=base.uid if attributes.uid is None else attributes.uid,
+                            gid=base.gid if attributes.gid is None else attributes.gid)
         self._entry = (state, base, attributes, entry)
         return entry
 
