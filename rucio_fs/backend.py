@@ -136,6 +136,8 @@ class Attributes:
 
 #: No attribute set.
 NO_ATTRIBUTES = Attributes()
+#: The permission bits a directory with no stored mode shows.
+DEFAULT_DIRECTORY_MODE = 0o755
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,6 +435,12 @@ class Backend(ABC):
     #: often in whole seconds: a later write within that second would look older than it
     #: is, and ``git status`` would miss it).
     stores_write_times: ClassVar[bool] = False
+    #: Whether a directory exists on the server as long as a key lies below it (S3: its
+    #: marker only keeps an empty directory, and its attributes). With async write-back the
+    #: core then writes no marker for a new directory with default attributes that receives
+    #: a file before its ``mkdir`` goes out, and writes one if that directory is about to
+    #: lose a name below it or to get attributes.
+    implied_directories: ClassVar[bool] = False
 
     def check_new(self, path: str, kind: Kind, parent: Entry) -> None:  # noqa: B027
         """Raise the error that making ``kind`` at ``path`` in directory ``parent`` (its

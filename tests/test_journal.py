@@ -39,6 +39,21 @@ def test_a_cancelled_record_implies_nothing_about_earlier_ones(tmp_path):
     assert left_behind(tmp_path, build) == [("mkdir", "/d2")]
 
 
+def test_an_unmarked_record_is_a_fact_no_later_done_record_ends(tmp_path):
+    def build(j):
+        mkdir = j.append({"op": "mkdir", "path": "/d"})
+        j.append({"op": "unmarked", "path": "/d"})  # its mkdir wrote no marker
+        j.done(mkdir)
+        put = j.append({"op": "stage", "path": "/d/f", "file": "4.data", "base": None})
+        j.done(put)
+        gone = j.append({"op": "unmarked", "path": "/e"})
+        j.done(gone, carried_out=False)  # /e got its marker
+
+    # The next mount still knows /d has no marker; the done upload below it implies only
+    # that the steps before it were carried out.
+    assert left_behind(tmp_path, build) == [("unmarked", "/d")]
+
+
 def test_a_moved_staging_file_belongs_to_its_last_record(tmp_path):
     def build(j):
         j.append({"op": "stage", "path": "/a", "file": "3.data", "base": None})

@@ -197,7 +197,9 @@ def test_a_directory_made_and_removed_before_its_mkdir_ran_never_reaches_the_ser
             os.rmdir(mnt.path / directory)
         assert raised.value.errno == errno.ENOTEMPTY
     drained(mnt)
-    assert mnt.backend_calls("mkdir") == 3  # full, deep, deep/e
+    # deep/e gets a marker, which keeps deep; full is kept by its file's key.
+    assert mnt.backend_calls("mkdir") == 1
+    assert mnt.stats()["events"]["markers_not_written"] == 2
     assert on_server(mount_fs, s3_catalog, tmp_path) == {
         "full": None, "full/f": b"f", "deep": None, "deep/e": None}
 
@@ -410,6 +412,61 @@ def test_an_upload_error_after_close_is_kept_and_returned_by_fsync(s3_catalog, m
         assert mnt.stats()["events"].get("write_back_errors", 0) >= 1
     drained(mnt)
     assert on_server(mount_fs, s3_catalog, tmp_path) == {"x": b"again"}
+
+
+def test_a_directory_that_gets_files_needs_no_marker_and_keeps_one_when_it_loses_them(
+        s3_catalog, mount_fs, tmp_path):
+    """S3 keeps a directory while a key lies below it. The promise: every directory made
+    through the mount exists on the server after the drain, also once its files are gone
+    (removed or renamed away, before or after their upload), and on a new mount; a new
+    directory that received files before its ``mkdir`` went out has no marker of its own
+    (one request less per directory), unless it was given a mode or attributes."""
+    prefix = s3_catalog.url.split("/", 3)[3]
+    source = tmp_path / "source"
+    small_tree(source, 24)
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
+                   "--staging-dir", str(tmp_path / "staging"))
+    root = mnt.path
+    os.listdir(root)
+    with s3_catalog.server.gateway_down():  # every mkdir is still queued when files land
+        subprocess.run(["cp", "-r", str(source), str(root / "tree")], check=True)
+        os.mkdir(root / "moded", 0o700)
+        (root / "moded" / "f").write_bytes(b"m")
+        for name in ("gone-before", "moved-before"):
+            os.mkdir(root / name)
+            (root / name / "f").write_bytes(b"pending")
+        os.unlink(root / "gone-before" / "f")
+        os.rename(root / "moved-before" / "f", root / "moved-before-f")
+    drained(mnt)
+    keys = {item["Key"][len(prefix) + 1:] for page in s3_catalog.server.client()
+            .get_paginator("list_objects_v2").paginate(Bucket="test", Prefix=prefix + "/")
+            for item in page.get("Contents", [])}
+    with_files = {"tree/d0/e0", "tree/d0/e1", "tree/d1/e0", "tree/d1/e1", "tree/d2/e0",
+                  "tree/d2/e1"}
+    holding_directories = {"tree", "tree/d0", "tree/d1", "tree/d2"}
+    assert not {d + "/" for d in with_files | holding_directories} & keys, sorted(keys)
+    assert mnt.stats()["events"]["markers_not_written"] == 10
+    assert {"tree/empty/", "moded/", "gone-before/", "moved-before/"} <= keys
+    # Their files go after their upload: each directory stays.
+    for name in os.listdir(root / "tree" / "d0" / "e0"):
+        os.unlink(root / "tree" / "d0" / "e0" / name)
+    for name in os.listdir(root / "tree" / "d1" / "e1"):
+        os.rename(root / "tree" / "d1" / "e1" / name, root / f"moved-{name}")
+    drained(mnt)
+    # The knowledge of which markers were not written survives the daemon's kill -9.
+    kill(mnt)
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
+                   "--staging-dir", str(tmp_path / "staging"))
+    root = mnt.path
+    for name in os.listdir(root / "tree" / "d0" / "e1"):
+        os.unlink(root / "tree" / "d0" / "e1" / name)
+    drained(mnt)
+    held = on_server(mount_fs, s3_catalog, tmp_path)
+    for directory in ("tree/d0/e0", "tree/d0/e1", "tree/d1/e1", "gone-before",
+                      "moved-before"):
+        assert held.get(directory, b"missing") is None, directory
+        assert not any(k.startswith(directory + "/") for k in held), directory
+    assert held == snapshot(root)
 
 
 class AsyncMachine(RuleBasedStateMachine):

@@ -276,6 +276,7 @@ class S3Backend(Backend):
                                           | Capability.SETXATTR | Capability.SYMLINK)
     #: ``x-amz-meta-mtime`` rides in the PUT (or the multipart upload's start).
     stores_write_times: ClassVar[bool] = True
+    implied_directories: ClassVar[bool] = True
 
     def __init__(self, settings: S3Settings) -> None:
         self.settings = settings

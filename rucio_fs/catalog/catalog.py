@@ -632,6 +632,11 @@ class Catalog:
         """Whether a file's content is stored only once (:attr:`Backend.write_once`)."""
         return self.backend.write_once
 
+    @property
+    def implied_directories(self) -> bool:
+        """Whether a key below a directory keeps it (:attr:`Backend.implied_directories`)."""
+        return self.backend.implied_directories
+
     def holds_unlisted(self, path: str) -> bool:
         """Whether directory ``path`` holds what its listing cannot show
         (:meth:`Backend.holds_unlisted`): it is not empty, though it lists so."""

@@ -29,6 +29,7 @@ import trio
 from cachetools import LRUCache
 
 from rucio_fs.backend import (
+    DEFAULT_DIRECTORY_MODE,
     NAME_MAX,
     Attributes,
     Capability,
@@ -325,7 +326,7 @@ class RucioFs(pyfuse3.Operations):
             attrs.entry_timeout = self._entry_ttl
             attrs.attr_timeout = self._immutable_ttl if entry.immutable else self._attr_ttl
             if entry.is_dir:
-                perm = 0o755 if entry.mode is None else entry.mode
+                perm = DEFAULT_DIRECTORY_MODE if entry.mode is None else entry.mode
                 attrs.st_mode = stat.S_IFDIR | self._shown_mode(perm, 0o777)
                 attrs.st_nlink = 2
             elif entry.is_symlink:
@@ -1089,6 +1090,7 @@ class RucioFs(pyfuse3.Operations):
         if not local_only:
             # A time or mode set on the file and not stored yet goes with its rename; one of
             # the file it replaces goes nowhere.
+            writes.losing(old)  # (its directory keeps a marker if it has none)
             async with writes.carrying(old, *([new] if target is not None else [])) as held:
                 if writes.asynchronous or entry.is_dir:
                     await self._settled(old, new)

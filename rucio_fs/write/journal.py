@@ -7,8 +7,9 @@ Contract:
   (the backend's identity, else the mount URL).
 * A record is one JSON line with a number ``n`` (increasing within the journal): ``stage``
   (a staging file holds content of ``path`` the server does not have), ``mkdir``, ``unlink``,
-  ``rmdir`` (a change of the namespace queued for the server). A record is *pending* until a
-  ``done`` (carried out) or ``cancelled`` record names its number.
+  ``rmdir`` (a change of the namespace queued for the server), ``unmarked`` (a directory the
+  mount made holds keys but no marker: it gets one before it loses a name). A record is
+  *pending* until a ``done`` (carried out) or ``cancelled`` record names its number.
 * :meth:`Journal.append` writes at once: a daemon killed afterwards (``kill -9``, OOM) leaves
   the record behind, since the page cache outlives the process; :meth:`Journal.sync`
   (``fdatasync``) makes everything appended so far durable across a power cut (async
@@ -26,7 +27,8 @@ Contract:
 * :func:`replay` reads the journals of a URL whose daemons are gone and returns their pending
   records in order, older journals first. A pending record that a later record on an
   overlapping path supersedes (that later one is done, and records on overlapping paths are
-  carried out in order) is left out, and so is a ``stage`` record whose staging file a later
+  carried out in order) is left out (not an ``unmarked`` record: it states a fact, not a
+  step, and is only ever cancelled), and so is a ``stage`` record whose staging file a later
   ``stage`` record names (the file moved). The caller re-appends what it takes over to its own
   journal, syncs it, and only then removes the old journals (:func:`remove_journals`), so a
   crash in between replays them twice, which is idempotent.
@@ -339,7 +341,8 @@ def _pending_of(path: str) -> list[dict[str, Any]]:
             done_paths.add(path)
             done_above.update(ancestors(path))
             continue
-        if (path in done_paths or path in done_above
+        if record.get("op") != "unmarked" and (
+                path in done_paths or path in done_above
                 or any(a in done_paths for a in ancestors(path))):
             continue
         result.append({k: v for k, v in record.items() if k != "n"})

@@ -55,7 +55,14 @@ from typing import Any
 import trio
 
 from rucio_fs import background
-from rucio_fs.backend import NO_ATTRIBUTES, Attributes, Entry, Kind, Upload
+from rucio_fs.backend import (
+    DEFAULT_DIRECTORY_MODE,
+    NO_ATTRIBUTES,
+    Attributes,
+    Entry,
+    Kind,
+    Upload,
+)
 from rucio_fs.background import start_guarded, survive
 from rucio_fs.cache.budget import ByteBudget, Shares
 from rucio_fs.catalog.catalog import Catalog, split_path
@@ -706,6 +713,10 @@ class WriteBack:
         self.arena = Arena(staging_dir)
         #: Queued mkdir ops by path: an rmdir before one starts cancels both.
         self._mkdirs: dict[str, Op] = {}
+        #: New directories whose marker was not written, with the number of the journal
+        #: record that says so: what was queued into each keeps it on the server
+        #: (:attr:`~rucio_fs.backend.Backend.implied_directories`).
+        self._unmarked: dict[str, int] = {}
         #: Queued unlink and rmdir ops by path: a pending file renamed onto the path goes
         #: after them (see :meth:`renamed`).
         self._removals: dict[str, Op] = {}
@@ -770,6 +781,9 @@ class WriteBack:
                         named.add(os.path.basename(dirty.staging_path))
                     if "sidecar" in record:
                         sidecars.append(record["sidecar"])
+            elif record.get("op") == "unmarked":
+                path = str(record["path"])
+                self._unmarked[path] = self.journal.append({"op": "unmarked", "path": path})
             elif record.get("op") == "attrs":
                 self.queue_attributes(record["path"],
                                       Attributes.from_record(record)).maybe_sent = True
@@ -1004,11 +1018,51 @@ class WriteBack:
             parent, _, name = op.path.rpartition("/")
             made = self.shadow.get(parent or "/", {}).get(name, (0, None))[1]
             mode = made.mode if made is not None else None
+            if self._implied(op, mode):
+                # Journaled: after a crash, the next mount still writes the marker before
+                # the directory loses a name.
+                if op.path not in self._unmarked:
+                    self._unmarked[op.path] = self.journal.append(
+                        {"op": "unmarked", "path": op.path})
+                self.catalog.stats.events["markers_not_written"] += 1
+                return
             await self.catalog.make_directory(op.path, Attributes(mode=mode))
             return
         dirty = op.dirty
         assert dirty is not None
         await dirty.commit()
+
+    def _implied(self, op: Op, mode: int | None) -> bool:
+        """Whether the new directory of ``op`` (a queued ``mkdir``) needs no marker: the
+        catalog keeps a directory that holds a key, something queued after ``op`` puts one
+        below it (a file's upload, or a subdirectory's ``mkdir``), and the marker would
+        store nothing (a default mode, no attributes queued)."""
+        if not (self.catalog.implied_directories and self._mkdirs.get(op.path) is op
+                and mode in (None, DEFAULT_DIRECTORY_MODE) and op.path not in self._attrs):
+            return False
+        if any(f.dirty and not f.unlinked and f.op is not None
+               for f in self.files.in_directory(op.path)):
+            return True
+        return any(made is not None and made.is_dir and child(op.path, name) in self._mkdirs
+                   for name, (_n, made) in self.shadow.get(op.path, {}).items())
+
+    def _keep_directory(self, directory: str) -> None:
+        """``directory`` is about to lose a name in it, or to get attributes: if its marker
+        was not written, it is now (queued before the change), so that the directory
+        outlives the keys in it and stores what is set on it. (A directory above it is
+        kept by this one's marker.)"""
+        unmarked = self._unmarked.pop(directory, None)
+        if unmarked is not None:
+            n = self.journal.append({"op": "mkdir", "path": directory})
+            self.queue.add(Op(n, "mkdir", directory))
+            self.journal.done(unmarked, carried_out=False)  # (after: a crash replays both)
+
+    def _keep_tree(self, directory: str) -> None:
+        """:meth:`_keep_directory` for ``directory`` and every unmarked directory below it
+        (before a rename moves them: their markers move with them)."""
+        below = directory + "/"
+        for path in [p for p in self._unmarked if p == directory or p.startswith(below)]:
+            self._keep_directory(path)
 
     def op_done(self, op: Op, dropped: RucioFsError | None) -> None:
         """The queue carried ``op`` out (or ``dropped`` it): the journal and the overlay
@@ -1017,6 +1071,8 @@ class WriteBack:
         if dirty is not None:
             dirty.op = None
             dirty.park()
+            if dropped is not None:  # no key of it may come to keep its directory
+                self._keep_directory(split_path(dirty.path)[0])
             if not dirty.dirty:
                 self._forget(dirty)
                 if dirty.base is not None and self.files.get(dirty.path) is None:
@@ -1056,6 +1112,7 @@ class WriteBack:
         and mode, then its time again once its files are in: one request instead of three).
         Not while a :meth:`WriteQueue.wait` waits, as it may wait for exactly that op."""
         not_before = trio.current_time() + hold if hold > 0 else 0.0
+        self._keep_directory(path)
         earlier = self._attrs.get(path)
         if (earlier is not None and earlier.attributes is not None
                 and self.queue.untried(earlier)):
@@ -1160,6 +1217,7 @@ class WriteBack:
         """Queue the removal of ``path``; an rmdir of a directory whose mkdir was never sent
         cancels that instead (one that may have been sent is removed on the server too)."""
         made = self._mkdirs.get(path) if kind == "rmdir" else None
+        self._keep_directory(split_path(path)[0])
         if made is not None and self.holds_all_of(path) and self.queue.cancel(made):
             # Made and removed before the server saw either: neither goes there.
             self.journal.done(made.n, carried_out=False)
@@ -1168,6 +1226,9 @@ class WriteBack:
             self._queue_change(kind, path, None)
         if kind == "rmdir":
             self.catalog.forget_listing(path)
+            unmarked = self._unmarked.pop(path, None)
+            if unmarked is not None:  # (going: it needs no marker)
+                self.journal.done(unmarked, carried_out=False)
         self.catalog.note_entry(path, None)
 
     def _queue_change(self, kind: str, path: str, entry: Entry | None) -> Op:
@@ -1182,6 +1243,13 @@ class WriteBack:
             self._removals[path] = op
         self.queue.add(op)
         return op
+
+    def losing(self, path: str) -> None:
+        """``path`` is about to move away (a rename): its directory keeps a marker if it
+        has none (see :meth:`_keep_directory`), and so do ``path`` and the directories
+        below it, whose markers move with them."""
+        self._keep_directory(split_path(path)[0])
+        self._keep_tree(path)
 
     async def settle(self, *paths: str) -> None:
         """Until every queued op on a path overlapping ``paths`` is carried out (raises the
@@ -1252,6 +1320,7 @@ class WriteBack:
                             "the descriptors still open (%s): they fail from now on", path, exc)
         dirty = self.files.pop(path, None)
         if dirty is not None:
+            self._keep_directory(split_path(path)[0])
             dirty.unlinked = True
             async with dirty.lock:
                 await dirty.stop_streaming("")
@@ -1271,6 +1340,7 @@ class WriteBack:
         removal, not tried yet, is cancelled (the upload replaces what it would remove),
         and one already tried is waited for first."""
         below = old + "/"
+        self.losing(old)
         for path in [p for p in self.files if p == old or p.startswith(below)]:
             target = new + path[len(old):]
             await self.unlinked(target)
@@ -1360,6 +1430,7 @@ class WriteBack:
                 self._forget(dirty)
                 return None
         dirty.op = None  # its queued op finds it unlinked: nothing to do
+        self._keep_directory(split_path(path)[0])
         self._forget(dirty)
         self.catalog.note_entry(path, dirty.base)
         return dirty
@@ -1388,6 +1459,11 @@ class WriteBack:
             else:
                 dirty.close_staging(keep=False)
         self.files.clear()
+        # What this mount knew of markers it did not write ends with it: a later mount
+        # sees those directories as any other that only keys below it keep.
+        for unmarked in self._unmarked.values():
+            self.journal.done(unmarked, carried_out=False)
+        self._unmarked.clear()
         if self.journal.pending:  # what is left for the next mount survives a power cut
             self.arena.sync()
             self.journal.sync()
