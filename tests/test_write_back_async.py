@@ -447,6 +447,12 @@ def test_a_directory_that_gets_files_needs_no_marker_and_keeps_one_when_it_loses
     assert not {d + "/" for d in with_files | holding_directories} & keys, sorted(keys)
     assert mnt.stats()["events"]["markers_not_written"] == 10
     assert {"tree/empty/", "moded/", "gone-before/", "moved-before/"} <= keys
+    # rm -r of a tree of such directories writes no marker (to delete it right after), nor
+    # does tree need one: it keeps d0 and d1.
+    markers = mnt.backend_calls("mkdir")
+    subprocess.run(["rm", "-r", str(root / "tree" / "d2")], check=True)
+    drained(mnt)
+    assert mnt.backend_calls("mkdir") == markers
     # Their files go after their upload: each directory stays.
     for name in os.listdir(root / "tree" / "d0" / "e0"):
         os.unlink(root / "tree" / "d0" / "e0" / name)

@@ -96,6 +96,9 @@ INLINE_MAX = SLOT_BYTES
 #: An unlocked staging file without a record is removed once it is this old (seconds): a
 #: daemon of an older version neither locks nor records its files while it writes them.
 UNRECORDED_GRACE = 60.0
+#: Seconds a directory's marker, queued because the directory is about to lose a name and
+#: has none (:meth:`WriteBack._keep_directory`), waits for the directory's own ``rmdir``.
+MARKER_HOLD = 1.0
 
 
 class DirtyFile:
@@ -717,6 +720,8 @@ class WriteBack:
         #: record that says so: what was queued into each keeps it on the server
         #: (:attr:`~rucio_fs.backend.Backend.implied_directories`).
         self._unmarked: dict[str, int] = {}
+        #: Their markers queued by :meth:`_keep_directory`, until carried out.
+        self._keeping: dict[str, Op] = {}
         #: Queued unlink and rmdir ops by path: a pending file renamed onto the path goes
         #: after them (see :meth:`renamed`).
         self._removals: dict[str, Op] = {}
@@ -1046,16 +1051,31 @@ class WriteBack:
         return any(made is not None and made.is_dir and child(op.path, name) in self._mkdirs
                    for name, (_n, made) in self.shadow.get(op.path, {}).items())
 
-    def _keep_directory(self, directory: str) -> None:
+    def _keep_directory(self, directory: str, hold: float = MARKER_HOLD) -> None:
         """``directory`` is about to lose a name in it, or to get attributes: if its marker
         was not written, it is now (queued before the change), so that the directory
         outlives the keys in it and stores what is set on it. (A directory above it is
-        kept by this one's marker.)"""
+        kept by this one's marker.) The marker waits ``hold`` seconds, blocking the changes
+        below it: the directory's own ``rmdir`` meanwhile (``rm -r``) cancels it."""
         unmarked = self._unmarked.pop(directory, None)
         if unmarked is not None:
-            n = self.journal.append({"op": "mkdir", "path": directory})
-            self.queue.add(Op(n, "mkdir", directory))
+            op = Op(self.journal.append({"op": "mkdir", "path": directory}), "mkdir", directory)
+            self._keeping[directory] = op
+            self.queue.add(op, trio.current_time() + hold if hold > 0 else 0.0)
             self.journal.done(unmarked, carried_out=False)  # (after: a crash replays both)
+
+    def _losing_name(self, path: str) -> None:
+        """``path`` is about to leave its directory (removed, renamed away, given up): a
+        directory without its marker that this may leave empty gets one
+        (:meth:`_keep_directory`). Empty as the mount shows it: its listing at hand, after
+        the changes made through the mount (no listing at hand: it may be)."""
+        directory, name = split_path(path)
+        if directory not in self._unmarked:
+            return
+        listing = self.catalog.listing.peek(directory)
+        if (listing is None or not listing.complete
+                or len(listing) - (name in listing.by_name) <= 0):
+            self._keep_directory(directory)
 
     def _keep_tree(self, directory: str) -> None:
         """:meth:`_keep_directory` for ``directory`` and every unmarked directory below it
@@ -1072,7 +1092,7 @@ class WriteBack:
             dirty.op = None
             dirty.park()
             if dropped is not None:  # no key of it may come to keep its directory
-                self._keep_directory(split_path(dirty.path)[0])
+                self._keep_directory(split_path(dirty.path)[0], hold=0.0)
             if not dirty.dirty:
                 self._forget(dirty)
                 if dirty.base is not None and self.files.get(dirty.path) is None:
@@ -1083,6 +1103,8 @@ class WriteBack:
         self.journal.done(op.n)
         if self._mkdirs.get(op.path) is op:
             del self._mkdirs[op.path]
+        if self._keeping.get(op.path) is op:
+            del self._keeping[op.path]
         if self._removals.get(op.path) is op:
             del self._removals[op.path]
         if self._attrs.get(op.path) is op:
@@ -1112,7 +1134,7 @@ class WriteBack:
         and mode, then its time again once its files are in: one request instead of three).
         Not while a :meth:`WriteQueue.wait` waits, as it may wait for exactly that op."""
         not_before = trio.current_time() + hold if hold > 0 else 0.0
-        self._keep_directory(path)
+        self._keep_directory(path, hold=0.0)
         earlier = self._attrs.get(path)
         if (earlier is not None and earlier.attributes is not None
                 and self.queue.untried(earlier)):
@@ -1217,7 +1239,7 @@ class WriteBack:
         """Queue the removal of ``path``; an rmdir of a directory whose mkdir was never sent
         cancels that instead (one that may have been sent is removed on the server too)."""
         made = self._mkdirs.get(path) if kind == "rmdir" else None
-        self._keep_directory(split_path(path)[0])
+        self._losing_name(path)
         if made is not None and self.holds_all_of(path) and self.queue.cancel(made):
             # Made and removed before the server saw either: neither goes there.
             self.journal.done(made.n, carried_out=False)
@@ -1229,6 +1251,10 @@ class WriteBack:
             unmarked = self._unmarked.pop(path, None)
             if unmarked is not None:  # (going: it needs no marker)
                 self.journal.done(unmarked, carried_out=False)
+            keeping = self._keeping.pop(path, None)
+            if keeping is not None and self.queue.cancel(keeping):  # (nor the one queued)
+                self.journal.done(keeping.n, carried_out=False)
+                self.op_done(keeping, None)
         self.catalog.note_entry(path, None)
 
     def _queue_change(self, kind: str, path: str, entry: Entry | None) -> Op:
@@ -1248,7 +1274,7 @@ class WriteBack:
         """``path`` is about to move away (a rename): its directory keeps a marker if it
         has none (see :meth:`_keep_directory`), and so do ``path`` and the directories
         below it, whose markers move with them."""
-        self._keep_directory(split_path(path)[0])
+        self._losing_name(path)
         self._keep_tree(path)
 
     async def settle(self, *paths: str) -> None:
@@ -1320,7 +1346,7 @@ class WriteBack:
                             "the descriptors still open (%s): they fail from now on", path, exc)
         dirty = self.files.pop(path, None)
         if dirty is not None:
-            self._keep_directory(split_path(path)[0])
+            self._losing_name(path)
             dirty.unlinked = True
             async with dirty.lock:
                 await dirty.stop_streaming("")
@@ -1430,7 +1456,7 @@ class WriteBack:
                 self._forget(dirty)
                 return None
         dirty.op = None  # its queued op finds it unlinked: nothing to do
-        self._keep_directory(split_path(path)[0])
+        self._losing_name(path)
         self._forget(dirty)
         self.catalog.note_entry(path, dirty.base)
         return dirty
