@@ -85,7 +85,11 @@ def test_a_user_without_root_mounts_reads_and_unmounts(user: pwd.struct_passwd) 
             assert mounted.returncode == 0, mounted.stderr
             info = find_mount(str(mountpoint))
             assert info is not None and info.fstype == "fuse.rucio-fs"
-            assert f"user_id={user.pw_uid}" in Path("/proc/mounts").read_text()
+            line = next(line for line in Path("/proc/mounts").read_text().splitlines()
+                        if line.split()[1] == str(mountpoint))
+            assert f"user_id={user.pw_uid}" in line
+            # Another user's mount: the kernel checks the bits (not only root's are lifted).
+            assert "default_permissions" in line.split()[3].split(",")
             read = as_user(user, "cat", str(mountpoint / "datasets/O3a/H1/file-000001.dat"),
                            text=False)
             assert read.returncode == 0 and read.stdout == small_file(1)

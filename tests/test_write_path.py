@@ -513,3 +513,60 @@ def test_a_rewrite_under_the_coarse_version_of_the_content_it_replaces_reads_as_
     mnt.unmount()
     again = mount_fs(url, *options)
     assert (again.path / "index").read_bytes() == rewritten
+
+
+# -- permissions on a mount only root enters ----------------------------------------------------
+
+
+def _super_options(mountpoint: Path) -> list[str]:
+    """The super-block options of the mount at ``mountpoint`` (mountinfo's last field)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(mountpoint):
+            return fields[-1].split(",")
+    raise AssertionError(f"{mountpoint} is not mounted")
+
+
+def test_a_mount_only_root_enters_answers_permissions_as_a_local_disk_answers_root(
+        mount_fs, s3_server, tmp_path):
+    """Without allow_other, only root enters a mount of root's, and root may read, write and
+    search whatever the bits say: the kernel checks no permission bits there (which would
+    cost a GETATTR of a directory after each name made or removed in it), and every answer
+    is still a local disk's: ``access`` for each mode, executing with and without an x bit,
+    reading a file and listing and writing in a directory that allow nobody."""
+    mnt = mount_s3(mount_fs, s3_server.endpoint, unique("perm"))
+    assert "default_permissions" not in _super_options(mnt.path)
+    local = tmp_path / "local"
+    local.mkdir()
+
+    def answers(root: Path) -> list:
+        script = b"#!/bin/sh\nexit 3\n"
+        for name, mode in (("plain", 0o644), ("tool", 0o755), ("locked", 0o000)):
+            (root / name).write_bytes(script)
+            os.chmod(root / name, mode)
+        os.mkdir(root / "closed")
+        os.chmod(root / "closed", 0o000)
+        found: list = [os.access(root / name, how) for name in ("plain", "tool", "locked",
+                                                               "closed")
+                       for how in (os.R_OK, os.W_OK, os.X_OK, os.R_OK | os.X_OK)]
+        for name in ("plain", "tool"):
+            try:
+                found.append(subprocess.run([str(root / name)]).returncode)
+            except PermissionError as exc:
+                found.append(exc.errno)
+        found.append((root / "locked").read_bytes())
+        (root / "closed" / "made").write_bytes(b"m")
+        found.append(os.listdir(root / "closed"))
+        os.chdir(root / "closed")
+        os.chdir(tmp_path)
+        return found
+
+    assert answers(mnt.path) == answers(local)
+    made = mnt.path / "many"
+    made.mkdir()
+    before = mnt.fuse_calls("getattr")
+    for i in range(200):
+        (made / f"f{i}").write_bytes(b"x")
+    for i in range(200):
+        os.unlink(made / f"f{i}")
+    assert mnt.fuse_calls("getattr") - before < 20

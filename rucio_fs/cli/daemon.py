@@ -431,6 +431,17 @@ async def _serve(req: MountRequest, backend: Backend | None,
                    not backend.capabilities & Capability.WRITE, background, close)
 
 
+def kernel_checks_permissions(allow_other: bool, euid: int) -> bool:
+    """Whether the kernel checks each request against the permission bits shown
+    (``default_permissions``). Not on a mount of root's that only root can enter (no
+    ``allow_other``: the kernel lets in no other user): root may read, write and search
+    whatever the bits say, so the checks could refuse nothing, yet each one costs a GETATTR
+    of the directory whenever a name in it changed, one more round trip per file created or
+    removed. What root may still not do, execute a file with no x bit, the kernel checks
+    without them, and ``access(X_OK)`` is answered by :meth:`RucioFs.access`."""
+    return allow_other or euid != 0
+
+
 async def _session(req: MountRequest, ops: RucioFs, stats: Stats,
                    state: dict[str, int | None], scheme: str, read_only: bool,
                    background: Callable[[trio.Nursery], None],
@@ -439,7 +450,9 @@ async def _session(req: MountRequest, ops: RucioFs, stats: Stats,
     own tasks, ``close`` lets go of its catalogs afterwards."""
     options = set(pyfuse3.default_options)
     options.discard("default_permissions")
-    options |= {f"fsname={_fsname(req.url)}", "subtype=rucio-fs", "default_permissions"}
+    options |= {f"fsname={_fsname(req.url)}", "subtype=rucio-fs"}
+    if kernel_checks_permissions(req.allow_other, os.geteuid()):
+        options.add("default_permissions")
     options |= set(req.kernel_flags)
     if read_only:
         options.add("ro")

@@ -450,6 +450,19 @@ class RucioFs(pyfuse3.Operations):
         return self._attrs(node)
 
     @fuse_op
+    async def access(self, inode: int, mode: int, ctx: Any) -> bool:
+        """``access()`` and ``chdir``: asked only where the kernel does not check the
+        permission bits itself, a mount of root's that only root can enter. Root may read,
+        write and search anything and execute a file with an x bit, as on a local disk (a
+        read-only mount refuses writes before asking)."""
+        if not mode & os.X_OK:
+            return True
+        node = self._inode(inode)
+        await self._revalidate(node)
+        st_mode = self._attrs(node).st_mode
+        return stat.S_ISDIR(st_mode) or bool(st_mode & 0o111)
+
+    @fuse_op
     async def opendir(self, inode: int, ctx: Any) -> int | pyfuse3.FileInfo:
         node = self._inode(inode)
         if not node.entry.is_dir:

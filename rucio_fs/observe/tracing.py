@@ -47,7 +47,7 @@ DAEMON_OPCODES: Mapping[str, tuple[str, ...]] = {
     "mkdir": ("FUSE_MKDIR",), "symlink": ("FUSE_SYMLINK",), "readlink": ("FUSE_READLINK",),
     "link": ("FUSE_LINK",), "unlink": ("FUSE_UNLINK",), "rmdir": ("FUSE_RMDIR",),
     "rename": ("FUSE_RENAME2", "FUSE_RENAME"), "setxattr": ("FUSE_SETXATTR",),
-    "removexattr": ("FUSE_REMOVEXATTR",),
+    "removexattr": ("FUSE_REMOVEXATTR",), "access": ("FUSE_ACCESS",),
 }
 _TOLERANCE_NS = 1_000
 
