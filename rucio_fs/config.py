@@ -17,8 +17,9 @@ LAYERS = ("kernel", "metadata", "listing", "data", "disk", "shared")
 
 def _option(flag: str, help: str = "", kind: str = "", *aliases: str) -> dict[str, Any]:
     """The ``mount`` option of a field (``kind``: ``flag`` (the option turns the field off),
-    ``duration``, ``size``, ``count``, ``path``, ``text``; a field of a cache layer switch is
-    turned off by ``--cold`` too). ``rucio_fs.cli.commands`` makes the options from these."""
+    ``switch`` (the option turns it on), ``duration``, ``size``, ``count``, ``path``,
+    ``text``; a field of a cache layer switch is turned off by ``--cold`` too).
+    ``rucio_fs.cli.commands`` makes the options from these."""
     return {"option": (flag, *aliases), "help": help, "kind": kind}
 
 
@@ -135,6 +136,12 @@ class MountConfig:
         "fsync (an fsync of the file or its directory, or unmount, as on a local file "
         "system; a close survives a crash of the daemon) or close (every close syncs its "
         "staged bytes and the journal).", "text"))
+    #: With async write-back, whether the kernel writes (and reads) a file open for writing
+    #: in its staging file itself (FUSE passthrough): no WRITE request reaches the daemon.
+    passthrough: bool = field(default=False, metadata=_option(
+        "--passthrough", "With async write-back, the kernel writes files open for writing "
+        "straight into their staging files (FUSE passthrough; root, Linux >= 6.9; see "
+        "docs/writing.md).", "switch"))
     write_back_parallelism: int = field(default=0, metadata=_option(
         "--write-back-parallelism", "Most queued changes carried out at once (async "
         "write-back); 0: the catalog's own (16; Rucio 128, whose registrations go "
@@ -152,6 +159,8 @@ class MountConfig:
             value, kind = values[spec.name], spec.metadata["kind"]
             if kind in ("flag", "layer"):
                 value = not (value or (cold and kind == "layer"))
+            elif kind == "switch":
+                value = bool(value)
             elif kind == "path":
                 value = os.path.abspath(value) if value else ""
             elif kind == "text":

@@ -29,9 +29,10 @@ quiet .venv/bin/python -m pip install -e ".[test]"
 # pyfuse3 is built again here from its sdist with two patches; rucio-fs works without either:
 # - scripts/pyfuse3-cache-readdir.patch (15 lines): the kernel may cache directory listings
 #   (docs/caches.md);
-# - scripts/pyfuse3-parallel-dirops.patch: FUSE_INIT tells the kernel that lookups in one
-#   directory may run at once, which libfuse < 3.17 forgets to (docs/reading.md).
-patched='import pyfuse3, sys; sys.exit(not (hasattr(pyfuse3.FileInfo(), "cache_readdir") and hasattr(pyfuse3, "set_parallel_dirops")))'
+# - scripts/pyfuse3-kernel-io.patch: the session's own /dev/fuse I/O; FUSE_INIT tells the
+#   kernel that lookups in one directory may run at once, which libfuse < 3.17 forgets to
+#   (docs/reading.md), and asks for passthrough when --passthrough wants it (docs/writing.md).
+patched='import pyfuse3, sys; sys.exit(not (hasattr(pyfuse3.FileInfo(), "cache_readdir") and hasattr(pyfuse3, "set_passthrough")))'
 if ! .venv/bin/python -c "$patched"; then
   version=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("pyfuse3").split("+")[0])')
   build=$(mktemp -d)
@@ -39,7 +40,7 @@ if ! .venv/bin/python -c "$patched"; then
   tar -xzf "$build"/pyfuse3-*.tar.gz -C "$build"
   src=$(find "$build" -mindepth 1 -maxdepth 1 -type d -name 'pyfuse3-*')
   applied=""
-  for patch_file in scripts/pyfuse3-cache-readdir.patch scripts/pyfuse3-parallel-dirops.patch; do
+  for patch_file in scripts/pyfuse3-cache-readdir.patch scripts/pyfuse3-kernel-io.patch; do
     if patch -s -p1 -d "$src" --dry-run <"$patch_file" >/dev/null; then
       patch -s -p1 -d "$src" <"$patch_file"
       name=$(basename "$patch_file" .patch)

@@ -219,7 +219,7 @@ def test_images_hold_every_file_the_install_script_reads():
     them in first, or its build fails (nothing here builds images)."""
     needed = set(re.findall(r"(scripts/[\w./-]+)", (REPO / "scripts" / "install.sh").read_text()))
     assert {"scripts/pyfuse3-cache-readdir.patch",
-            "scripts/pyfuse3-parallel-dirops.patch"} <= needed
+            "scripts/pyfuse3-kernel-io.patch"} <= needed
     for name in ("client/Dockerfile", "dev/servers/Dockerfile"):
         instructions = parse_dockerfile(CONTAINERS / name)
         copied: set[str] = set()

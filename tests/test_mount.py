@@ -305,7 +305,7 @@ def stat_together(paths: list) -> None:
 def test_lookups_in_one_directory_reach_the_daemon_together(mount_fs, monkeypatch, parallel):
     """libfuse before 3.17 never tells the kernel that lookups in one directory may run at
     once, so the kernel sends them one after the other; the mount tells it
-    (scripts/pyfuse3-parallel-dirops.patch). Eight cold stats of eight names in one directory
+    (scripts/pyfuse3-kernel-io.patch). Eight cold stats of eight names in one directory
     (each lookup waits 0.5 s for the catalog) are then in the daemon together, not in turn."""
     if not parallel:
         monkeypatch.setenv("RUCIO_FS_PARALLEL_DIROPS", "0")

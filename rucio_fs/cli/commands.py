@@ -7,7 +7,7 @@ import json
 import os
 import signal
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 from urllib.parse import urlencode
 
@@ -53,7 +53,7 @@ def config_options(command: Any) -> Any:
     for spec in reversed(fields(MountConfig)):
         flag, *aliases = spec.metadata["option"]
         kind, text = spec.metadata["kind"], spec.metadata["help"]
-        if kind in ("flag", "layer"):
+        if kind in ("flag", "layer", "switch"):
             option = click.option(flag, *aliases, spec.name, is_flag=True, help=text)
         else:
             default = spec.default if kind not in ("path", "text") else None
@@ -124,6 +124,13 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
     if fstab_words:  # main() spells -o out before click parses (rucio_fs.cli.fstab)
         raise click.UsageError("-o is read by the rucio-fs command itself: run rucio-fs")
     cache = MountConfig.from_options(config, cold=cold, no_disk_cache=no_disk_cache)
+    if cache.passthrough:
+        from rucio_fs.fuse.passthrough import refusal
+
+        reason = refusal(cache.write_back)
+        if reason:  # the mount goes on without it
+            click.echo(f"rucio-fs: {reason}: mounting without it", err=True)
+            cache = replace(cache, passthrough=False)
     url = with_options(url, options)
     return do_mount(MountRequest(url, mountpoint, cache, foreground, debug, allow_other,
                                  log_file, max_tasks, xattrs, read_ahead_kb, max_background,

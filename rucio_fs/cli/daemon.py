@@ -45,7 +45,7 @@ from rucio_fs.errors import (
     RucioFsError,
     Unavailable,
 )
-from rucio_fs.fuse import kernel_tuning
+from rucio_fs.fuse import kernel_tuning, passthrough
 from rucio_fs.fuse.fs import RucioFs
 from rucio_fs.identity import Caller, CallerCredentials, private_directory
 from rucio_fs.observe import control
@@ -461,6 +461,7 @@ async def _session(req: MountRequest, ops: RucioFs, stats: Stats,
     if req.debug:
         options.add("debug")
     kernel_tuning.ask_parallel_dirops()
+    passthrough.ask(req.cache.passthrough)
     try:
         pyfuse3.init(ops, req.mountpoint, options)
     except RuntimeError as exc:
@@ -505,6 +506,7 @@ async def _finish_mount(req: MountRequest, minor: int, stats: Stats,
     stats.static["kernel"].update(kernel_tuning.tune(minor, req.read_ahead_kb,
                                                      req.max_background))
     parallel = stats.static["kernel"]["parallel_dirops"] = kernel_tuning.parallel_dirops()
+    stats.static["kernel"]["passthrough"] = passthrough.answer()
     if parallel is False:
         log.info("the kernel sends the lookups of one directory one at a time "
                  "(libfuse < 3.17; see docs/reading.md)")

@@ -65,7 +65,9 @@ from rucio_fs.observe.tracing import RequestRecorder
 from rucio_fs.users.identities import Identities
 from rucio_fs.write.writeback import DirtyFile, WriteBack, is_local
 
+from . import passthrough
 from .inodes import ROOT_INO, Inode, InodeTable
+from .passthrough import BackingFiles
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -170,6 +172,10 @@ class _FileHandle:
     writer: bool = False
     #: The catalog that opened it (per-user mounts: its caller's).
     catalog: Catalog | None = None
+    #: How the kernel serves it: reads and writes go to a backing file (``passthrough``),
+    #: or through its page cache (``cached``), or neither (direct I/O).
+    passthrough: bool = False
+    cached: bool = False
 
 
 def _writeback_of(catalog: Catalog) -> WriteBack | None:
@@ -264,6 +270,10 @@ class RucioFs(pyfuse3.Operations):
         #: Whether the kernel keeps mutable entries as long as the catalog's caches do (not
         #: on a per-user mount: one user's entries must not answer another's lookups).
         self._follows_catalog = config.kernel and identities is None
+        #: Passthrough: asked for (None until the kernel's answer to FUSE_INIT is known),
+        #: and the backing files of the staged files open through it.
+        self._passthrough: bool | None = None if config.passthrough else False
+        self._backing = BackingFiles(stats.events)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -578,7 +588,7 @@ class RucioFs(pyfuse3.Operations):
             return await self._open_for_writing(node, flags)
         dirty = self._dirty_of(node)
         if dirty is not None:
-            return self._dirty_handle(node, dirty, writer=False)
+            return await self._dirty_handle(node, dirty, writer=False)
         if _removed(node):
             raise NotFound(f"{node.path}: removed")
         entry = await self._revalidate(node)
@@ -599,11 +609,14 @@ class RucioFs(pyfuse3.Operations):
         # A file read sparsely a moment ago is read direct: the kernel then asks for what
         # the reader reads, not its read-ahead around each piece.
         direct = self.config.direct_sparse and data_path.read_sparsely(node.path, entry)
+        # (The kernel refuses a cached open of an inode open through a backing file.)
+        direct = direct or node.passthrough_opens > 0
         stream = data_path.stream(node.path, entry, backend_handle, self.nursery, direct,
                                   reader=getattr(ctx, "pid", None))
         fh = self._new_fh()
         self._files[fh] = _FileHandle(node, entry, backend_handle, verifier, stream,
-                                      catalog=self.catalog)
+                                      catalog=self.catalog, cached=not direct)
+        node.cached_opens += not direct
         if direct:
             self.stats.events["opened_direct"] += 1
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep, direct_io=direct)
@@ -642,6 +655,16 @@ class RucioFs(pyfuse3.Operations):
     @fuse_op
     async def release(self, fh: int) -> None:
         handle = self._files.pop(fh)
+        node = handle.inode
+        node.cached_opens -= handle.cached
+        if handle.passthrough:
+            node.passthrough_opens -= 1
+            assert handle.dirty is not None
+            self._backing.give_back(handle.dirty)
+            if handle.writer:
+                handle.dirty.kernel_writer_gone()
+                # What went through: the file's size at the close of a handle that wrote.
+                self.stats.events["passthrough_written_bytes"] += handle.dirty.size
         try:
             await self._close_reading(handle)
         finally:  # whatever failed above, this writer is gone
@@ -742,14 +765,48 @@ class RucioFs(pyfuse3.Operations):
             await writes.release(dirty)
             raise
         node.cached_version = INVALID  # the kernel's pages must not outlive this writer
-        return self._dirty_handle(node, dirty, writer=True)
+        return await self._dirty_handle(node, dirty, writer=True)
 
-    def _dirty_handle(self, node: Inode, dirty: DirtyFile, writer: bool) -> pyfuse3.FileInfo:
-        """A handle on a file with pending content (its pages are never kept)."""
+    async def _dirty_handle(self, node: Inode, dirty: DirtyFile,
+                            writer: bool) -> pyfuse3.FileInfo:
+        """A handle on a file with pending content (its pages are never kept). With
+        passthrough, the kernel reads and writes its staging file itself when no open of
+        the inode uses the page cache: a writer's file is fetched whole first (as its first
+        write through the daemon would), a reader's only if it is local already."""
         fh = self._new_fh()
-        self._files[fh] = _FileHandle(node, dirty.entry(), None, None, None,
-                                      dirty=dirty, writer=writer, catalog=self.catalog)
-        return pyfuse3.FileInfo(fh=fh, keep_cache=False)
+        handle = self._files[fh] = _FileHandle(node, dirty.entry(), None, None, None,
+                                               dirty=dirty, writer=writer, catalog=self.catalog)
+        backing_id = 0
+        writes = dirty.wb
+        if self._passing and writes.asynchronous and not node.cached_opens and (
+                dirty.materialized or writer):
+            fd = await dirty.hand_to_kernel(writer)
+            backing_id = self._backing.take(dirty, fd) or 0
+            if not backing_id and writer:
+                dirty.kernel_writer_gone()
+        if backing_id:
+            handle.passthrough = True
+            node.passthrough_opens += 1
+            self.stats.events["opened_passthrough"] += 1
+            return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=backing_id)
+        # (The kernel refuses a cached open of an inode open through a backing file.)
+        direct = node.passthrough_opens > 0
+        handle.cached = not direct
+        node.cached_opens += not direct
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=direct)
+
+    @property
+    def _passing(self) -> bool:
+        """Whether opens may pass through to backing files (asked for, and the kernel
+        agreed at FUSE_INIT)."""
+        if self._passthrough is None:
+            answer = passthrough.answer()
+            if answer is not None:
+                self._passthrough = answer
+                if not answer:
+                    log.warning("the kernel did not agree to passthrough: files open "
+                                "through the daemon")
+        return bool(self._passthrough)
 
     async def _read_dirty(self, handle: _FileHandle, off: int, size: int) -> bytes:
         dirty = handle.dirty
@@ -799,7 +856,7 @@ class RucioFs(pyfuse3.Operations):
         node = self.inodes.lookup(parent, text, dirty.entry(), time.monotonic())
         node.cached_version = INVALID
         self._names_changed(parent)
-        return self._dirty_handle(node, dirty, writer=True), self._attrs(node)
+        return await self._dirty_handle(node, dirty, writer=True), self._attrs(node)
 
     @fuse_op
     async def write(self, fh: int, off: int, buf: bytes) -> int:

@@ -35,6 +35,10 @@ class Inode:
     verified_version: str | None = None
     #: Files: the verifier every read of the open version feeds (see integrity.py).
     verifier: Any = None
+    #: Files: open handles the kernel serves through its page cache, and open handles it
+    #: serves from a backing file (passthrough); it refuses to mix the two on one inode.
+    cached_opens: int = 0
+    passthrough_opens: int = 0
     #: Dirs: open directory handles, and when the newest of them fetched its listing.
     open_dirs: int = 0
     listed_at: float = -1.0

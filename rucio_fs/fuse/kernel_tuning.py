@@ -30,7 +30,7 @@ def ask_parallel_dirops() -> None:
     directory may run at once. libfuse wants this but, before 3.17, never says so, and the
     kernel then sends the lookups of a directory one after the other (ten cold ``cat``s of one
     dataset pay ten catalog round trips end to end). A pyfuse3 built with
-    scripts/pyfuse3-parallel-dirops.patch (scripts/install.sh) says it; stock pyfuse3 cannot.
+    scripts/pyfuse3-kernel-io.patch (scripts/install.sh) says it; stock pyfuse3 cannot.
     """
     setter = getattr(pyfuse3, "set_parallel_dirops", None)
     if setter is not None:

@@ -99,6 +99,9 @@ UNRECORDED_GRACE = 60.0
 #: Seconds a directory's marker, queued because the directory is about to lose a name and
 #: has none (:meth:`WriteBack._keep_directory`), waits for the directory's own ``rmdir``.
 MARKER_HOLD = 1.0
+#: A file time within this many nanoseconds of a look at the file may hide a later write in
+#: the same clock tick (file systems without fine-grained times): see DirtyFile.observe.
+CLOCK_SLACK_NS = 20_000_000
 
 
 class DirtyFile:
@@ -107,9 +110,9 @@ class DirtyFile:
 
     # Thousands wait in an async queue: no per-instance dict.
     __slots__ = ("_committed", "_entry", "_file_slots", "_in_flight", "_next_part",
-                 "_part_error", "_parts_done", "_sent", "_upload", "attributes", "base",
-                 "dirty", "error", "fd", "frontier",
-                 "generation", "in_journal", "inline", "lock", "materialized", "mtime_ns", "op",
+                 "_observed", "_part_error", "_parts_done", "_sent", "_upload", "attributes",
+                 "base", "dirty", "error", "fd", "frontier", "generation", "in_journal",
+                 "inline", "kernel_writers", "lock", "materialized", "mtime_ns", "op",
                  "parked", "path", "size", "slot", "stage_n", "staged", "staging_path",
                  "streaming", "syncing", "unlinked", "unreported", "wb", "writers")
 
@@ -173,12 +176,19 @@ class DirtyFile:
         self._parts_done: trio.Event | None = None
         self._part_error: BaseException | None = None
         self._file_slots: trio.Semaphore | None = None
+        #: Open handles whose writes the kernel makes to the staging file itself (FUSE
+        #: passthrough), and what :meth:`observe` last saw of that file.
+        self.kernel_writers = 0
+        self._observed: tuple[int, int, int, int] = (0, 0, 0, 0)
 
     # -- what the FUSE layer sees ---------------------------------------------------------
 
     def entry(self) -> Entry:
-        """The file's attributes as they are locally (built once per state: the FUSE layer
-        and the catalog's overlay ask for it several times per request)."""
+        """The file's attributes as they are locally, with what the kernel wrote directly
+        (built once per state: the FUSE layer and the catalog's overlay ask for it several
+        times per request)."""
+        if self.kernel_writers:
+            self.observe()
         state = (self.path, self.size, self.mtime_ns, self.dirty, self.materialized,
                  self.generation)
         memo = self._entry
@@ -321,6 +331,7 @@ class DirtyFile:
     def set_attributes(self, attributes: Attributes) -> None:
         """Set attributes of the pending content; its upload carries them (and a crash
         keeps them: the record is written again). Hold :attr:`lock`."""
+        self.observe()  # (a write the kernel made before this change goes first)
         self.attributes = self.attributes.then(attributes)
         if attributes.mtime_ns is not None:
             self.mtime_ns = attributes.mtime_ns
@@ -360,6 +371,7 @@ class DirtyFile:
         async close, rare). A staging file parked while its upload waits is opened again:
         a change may come by path (``truncate``) with no descriptor open."""
         self.unpark()
+        self.observe()
         if not self.dirty:
             # Attributes held back for a rename to carry go with the new content instead
             # (stored after it, a held time would undo the write's).
@@ -424,12 +436,67 @@ class DirtyFile:
         self.materialized = True
         self.streaming = False
 
+    # -- passthrough: the kernel writes the staging file itself -------------------------
+
+    async def hand_to_kernel(self, writer: bool) -> int:
+        """Make the content a staging file of its own for the kernel to read and write
+        directly (FUSE passthrough): out of the arena or the journal, streaming stopped, its
+        record naming the file, so a crash keeps what the kernel wrote there. Returns the
+        file's descriptor; ``writer``: the handle may write (:meth:`observe` then looks for
+        its writes until :meth:`kernel_writer_gone`). Content still only on the server is
+        fetched first."""
+        async with self.lock:
+            self.unpark()
+            await self._materialize()
+            await self.stop_streaming("")
+            if self.slot is not None:
+                self._to_staging_file(sync=self.inline)
+            self._before_change(self.size)
+            self.record()
+            if writer:
+                if not self.kernel_writers:
+                    self._observed = self._look()
+                self.kernel_writers += 1
+            return self.fd
+
+    def kernel_writer_gone(self) -> None:
+        """A handle :meth:`hand_to_kernel` gave for writing is closed (after its flush)."""
+        self.observe()
+        self.kernel_writers -= 1
+
+    def _look(self) -> tuple[int, int, int, int]:
+        """(size, mtime, ctime, when looked) of the staging file."""
+        st = os.fstat(self.fd)
+        return st.st_size, st.st_mtime_ns, st.st_ctime_ns, time.time_ns()
+
+    def observe(self) -> None:
+        """Learn what the kernel wrote to the staging file since the last look, while a
+        handle writes there directly: a changed size or file time is a write, made at that
+        time (the time a ``touch -d`` set goes, as with any write). A look within
+        :data:`CLOCK_SLACK_NS` of the file's last change cannot rule out a write in the same
+        clock tick (file systems without fine-grained times): the content is then taken as
+        new (staged and uploaded again), its times kept."""
+        if not self.kernel_writers:
+            return
+        self.unpark()
+        size, mtime_ns, ctime_ns, _when = looked = self._look()
+        old_size, old_mtime_ns, old_ctime_ns, looked_at = self._observed
+        self._observed = looked
+        if (size, mtime_ns, ctime_ns) != (old_size, old_mtime_ns, old_ctime_ns):
+            self.size = size
+            self._touch()
+            self.mtime_ns = mtime_ns
+        elif old_ctime_ns + CLOCK_SLACK_NS >= looked_at:
+            self.dirty = True
+            self.generation = next(self.wb.generations)
+
     # -- uploading ------------------------------------------------------------------------
 
     async def commit(self) -> Entry | None:
         """Upload the content if it changed; returns the new entry (None: nothing to do).
         Raises the upload's error; the content stays staged for the next try."""
         async with self.lock:
+            self.observe()
             if not self.dirty or self.unlinked:
                 return None
             self.unpark()
@@ -970,6 +1037,7 @@ class WriteBack:
         loses nothing of it from now on. With ``--durable close`` the content and the
         record are also synced (a power cut loses nothing of it either); else an ``fsync``
         of the file or its directory waits for its upload, as unmount does."""
+        dirty.observe()
         if not dirty.dirty or dirty.unlinked or dirty.staged == dirty.generation:
             return
         durable = self.catalog.config.durable == "close"
@@ -981,7 +1049,7 @@ class WriteBack:
         # What is made durable is the content as of now: a write landing during the sync
         # below is of a later generation, which the next close must sync again.
         generation = dirty.generation
-        if dirty.materialized and dirty.size <= INLINE_MAX:
+        if dirty.materialized and dirty.size <= INLINE_MAX and not dirty.kernel_writers:
             # The content goes into the journal with its record: one fdatasync, of a
             # preallocated file (no file-system journal commit), instead of two.
             dirty.record(again=True, inline=dirty._read_range(0, dirty.size))
