@@ -1,7 +1,8 @@
 """S3 benchmarks against versitygw on 127.0.0.1, side by side with s3fs and rclone (from apt).
 
     python benchmarks/bench_s3.py [--server DIR] [--objects 10000] [--small-files 6400]
-                                  [--big-mib 1024] [--peers s3fs,rclone] [--baseline DIR]
+                                  [--big-mib 1024] [--big-write-mib 10240]
+                                  [--peers s3fs,rclone] [--baseline DIR]
                                   [--experiments ls,small,big,rsync,...] [--out FILE.json]
 
 Experiments (the same server, one run):
@@ -28,6 +29,11 @@ Experiments (the same server, one run):
   directories two levels deep; ``cp -r`` into the mount, then ``rm -r``. Against s3fs and rclone.
 * ``big``: 1 GiB written with ``dd bs=1M`` (until close returns: the upload is done) and read
   back cold with ``cat``, beside s3fs.
+* ``big-write``: ``--big-write-mib`` (10 GiB) of zeros written with ``dd bs=1M`` into the
+  staging disk itself, then into async rucio-fs without and with ``--passthrough`` (until
+  ``close`` returns, and until ``rucio-fs uploads --wait`` says the server holds it), and into
+  s3fs (whose ``close`` uploads). Goals: with passthrough, close >= 0.8x the staging disk's
+  speed, and on the server >= 2x s3fs's.
 * ``first-byte``: ``cat`` of a 4 KiB object on a fresh mount with the page cache dropped,
   every client in turn (rucio-fs, the peers, GeeseFS when built), median of ``--repeat``.
 * ``burst``: 16 ``cat``s at once of 4 KiB objects in one directory, fresh mounts, page cache
@@ -65,6 +71,7 @@ from common import (
     Goal,
     Mount,
     add_goals,
+    at_least,
     at_most,
     checkout_code,
     concurrently,
@@ -299,6 +306,81 @@ def exp_big(env: dict, root: Path, mib: int, peers: list[str]) -> dict:
     return results
 
 
+def exp_big_write(env: dict, root: Path, mib: int, peers: list[str]) -> dict:
+    """``dd bs=1M`` of ``mib`` MiB of zeros, timed until ``close`` returns and until the
+    server holds it, into the staging disk itself (the baseline), async rucio-fs without and
+    with ``--passthrough`` (staging in ``root``), and s3fs (whose close uploads)."""
+    # versitygw's posix backend keeps a multipart upload's part list in one xattr, which ext4
+    # caps at one block: past 4 GiB every client writes 64 MB parts.
+    part_mb = 64 if mib > 4096 else 0
+    parts = ("-o", f"part_size={part_mb}M") if part_mb else ()
+    mb = mib * (1 << 20) / 1e6
+    results = {}
+
+    def dd(target: Path) -> float:
+        return timed(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}",
+                      "status=none"])
+
+    probe = root / "staging-probe"
+    probe.mkdir()
+    drop_page_cache()
+    results["staging disk"] = {"close_s": dd(probe / "big"), "stored_s": None}
+    (probe / "big").unlink()
+    clients = {"rucio-fs async": ("--write-back", "async"),
+               "rucio-fs async passthrough": ("--write-back", "async", "--passthrough")}
+    for kind, options in clients.items():
+        prefix = f"big-write-{uuid.uuid4().hex[:6]}"
+        staging = root / f"staging-{prefix}"
+        with s3_peer_mount("rucio-fs", env, prefix, root,
+                           options=(*options, *parts, "--staging-dir", str(staging))) as mnt:
+            drop_page_cache()
+            start = time.perf_counter()
+            close = dd(mnt / "big")
+            subprocess.run([*RUCIO_FS, "uploads", "--wait", str(mnt)], check=True,
+                           capture_output=True)
+            stored = time.perf_counter() - start
+            size = (mnt / "big").stat().st_size
+            (mnt / "big").unlink()
+            subprocess.run([*RUCIO_FS, "uploads", "--wait", str(mnt)], check=True,
+                           capture_output=True)
+        if size != mib << 20:
+            raise RuntimeError(f"{kind}: {size} bytes stored of {mib << 20}")
+        results[kind] = {"close_s": close, "stored_s": stored}
+    if "s3fs" in peers:
+        prefix = f"big-write-{uuid.uuid4().hex[:6]}"
+        with s3_peer_mount("s3fs", env, prefix, root, part_mb) as mnt:
+            drop_page_cache()
+            close = dd(mnt / "big")
+            (mnt / "big").unlink()
+        results["s3fs"] = {"close_s": close, "stored_s": close}
+    for kind, r in results.items():
+        r["close_MBps"] = mb / r["close_s"]
+        r["stored_MBps"] = mb / r["stored_s"] if r["stored_s"] else None
+        stored = f"{r['stored_MBps']:7.0f}" if r["stored_MBps"] else "      -"
+        print(f"  {kind:<27} close {r['close_MBps']:7.0f} MB/s   on the server {stored} MB/s",
+              flush=True)
+    return {"mib": mib, "clients": results}
+
+
+def big_write_goals(r: dict) -> list[Goal]:
+    clients = r["clients"]
+    passthrough = clients["rucio-fs async passthrough"]
+    disk = clients["staging disk"]
+    size = f"{r['mib'] / 1024:g} GiB"
+    rows = [Goal("s3", f"{size} written with dd, async, --passthrough: until close returns",
+                 f"{passthrough['close_MBps']:.0f} MB/s",
+                 f"the staging disk {disk['close_MBps']:.0f} MB/s",
+                 passthrough["close_MBps"] / disk["close_MBps"], ">= 0.8x the staging disk",
+                 at_least(passthrough["close_MBps"] / disk["close_MBps"], 0.8))]
+    if "s3fs" in clients:
+        s3fs = clients["s3fs"]["stored_MBps"]
+        rows.append(Goal("s3", f"{size} written with dd, async, --passthrough: until the "
+                         "server holds it", f"{passthrough['stored_MBps']:.0f} MB/s",
+                         f"s3fs {s3fs:.0f} MB/s", passthrough["stored_MBps"] / s3fs,
+                         ">= 2x s3fs", at_least(passthrough["stored_MBps"] / s3fs, 2.0)))
+    return rows
+
+
 def medians_ms(times: dict[str, list[float]], what: str) -> dict:
     """Each client's median and range in ms, printed one line each."""
     result = {kind: {"median_ms": 1000 * statistics.median(t),
@@ -415,7 +497,7 @@ def rsync_goals(r: dict) -> list[Goal]:
 def goals(results: dict) -> list[Goal]:
     """The goal rows of the experiments that ran (``big`` and ``burst`` have none)."""
     makers = {"ls": ls_goals, "small": small_goals, "first_byte": first_byte_goals,
-              "rsync": rsync_goals}
+              "rsync": rsync_goals, "big_write": big_write_goals}
     return [row for key, make in makers.items() if key in results for row in make(results[key])]
 
 
@@ -426,6 +508,7 @@ def main() -> int:
     parser.add_argument("--objects", type=int, default=10_000)
     parser.add_argument("--small-files", type=int, default=6400)
     parser.add_argument("--big-mib", type=int, default=1024)
+    parser.add_argument("--big-write-mib", type=int, default=10240)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--peers", default="s3fs,rclone")
     parser.add_argument("--experiments", default="ls,small,big")
@@ -453,6 +536,8 @@ def main() -> int:
             results["small"] = exp_small(env, root, args.small_files, peers)
         if "big" in chosen:
             results["big"] = exp_big(env, root, args.big_mib, peers)
+        if "big-write" in chosen:
+            results["big_write"] = exp_big_write(env, root, args.big_write_mib, peers)
         if "first-byte" in chosen:
             results["first_byte"] = exp_first_byte(env, root, max(args.repeat, 5), peers)
         if "burst" in chosen:

@@ -20,7 +20,9 @@ throughput and byte identity), ``nfsrods`` (the NFSRODS table: ``ls | wc -l``, n
 ``geesefs`` (GeeseFS's tests: ``cp -r`` of 6,400 small files in 1,024 directories, ``rm -r``,
 then a 10 GB write and cold read, ``--big-write`` sets the size; beside the same on local disk,
 and beside s3fs and rclone on S3 when installed) and ``mdtest`` (mdtest's ``-b 6 -I 8 -z 4``
-shape: tree, directory and file create/stat/read/remove rates beside local disk).
+shape: tree, directory and file create/stat/read/remove rates beside local disk and beside
+``floor_fs.py``, pyfuse3 doing nothing but keep names and bytes in memory: the floor of a
+pyfuse3 file system on this kernel).
 
 Backends: ``demo``; ``rucio`` (``--server DIR`` of ``scripts/servers/rucio.sh``, else one is
 started); ``s3`` (``--server DIR`` of ``scripts/servers/s3.sh``, else one is started; the
@@ -687,13 +689,41 @@ def mdtest_phases(base: Path, branch: int, depth: int, items: int, size: int,
     return results
 
 
+@contextmanager
+def floor_mount(root: Path) -> Iterator[Path]:
+    """``floor_fs.py`` (pyfuse3 doing nothing but keep names and bytes in memory) mounted in
+    ``root``; unmounted, and its process gone, on exit."""
+    path = Path(tempfile.mkdtemp(dir=root))
+    process = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "floor_fs.py"),
+                                str(path)])
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(path):
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("floor_fs.py did not mount")
+            time.sleep(0.05)
+        yield path
+    finally:
+        subprocess.run(["fusermount3", "-u", str(path)], capture_output=True)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def exp_mdtest(root: Path, target: Target, res: Results, branch: int, depth: int,
                items: int, size: int) -> None:
     measured = {}
-    for client in progress(["local disk", *WRITE_BACK], "mdtest"):
+    for client in progress(["local disk", "pyfuse3 floor", *WRITE_BACK], "mdtest"):
         name = f"mdtest-{uuid.uuid4().hex[:6]}"
         if client == "local disk":
             with client_dir(root, target, client, name) as d:
+                measured[client] = mdtest_phases(d / "tree", branch, depth, items, size,
+                                                 drop_page_cache)
+            continue
+        if client == "pyfuse3 floor":
+            with floor_mount(root) as d:
                 measured[client] = mdtest_phases(d / "tree", branch, depth, items, size,
                                                  drop_page_cache)
             continue
@@ -708,7 +738,8 @@ def exp_mdtest(root: Path, target: Target, res: Results, branch: int, depth: int
             m.unmount(check=True)
     rows = []
     for phase, (ops, local_s) in measured["local disk"].items():
-        row = {"phase": phase, "operations": ops, "local_ops_per_s": ops / local_s}
+        row = {"phase": phase, "operations": ops, "local_ops_per_s": ops / local_s,
+               "floor_ops_per_s": ops / measured["pyfuse3 floor"][phase][1]}
         for client in WRITE_BACK:
             key = client.replace("rucio-fs", "mount").replace(" ", "_")
             row[f"{key}_ops_per_s"] = ops / measured[client][phase][1]
@@ -716,10 +747,13 @@ def exp_mdtest(root: Path, target: Target, res: Results, branch: int, depth: int
     res.table("mdtest", rows)
     res.summary += [f"## Metadata rates (mdtest -b {branch} -z {depth} -I {items}, "
                     f"{size}-byte files, one process; stat and read phases cold)", "",
-                    "| phase | operations | local disk ops/s | rucio-fs ops/s | "
-                    "rucio-fs async ops/s |", "|---|---:|---:|---:|---:|"]
+                    "| phase | operations | local disk ops/s | pyfuse3 floor ops/s | "
+                    "rucio-fs ops/s | rucio-fs async ops/s | async x floor |",
+                    "|---|---:|---:|---:|---:|---:|---:|"]
     res.summary += [f"| {r['phase']} | {r['operations']} | {r['local_ops_per_s']:.0f} | "
-                    f"{r['mount_ops_per_s']:.0f} | {r['mount_async_ops_per_s']:.0f} |"
+                    f"{r['floor_ops_per_s']:.0f} | {r['mount_ops_per_s']:.0f} | "
+                    f"{r['mount_async_ops_per_s']:.0f} | "
+                    f"{r['floor_ops_per_s'] / r['mount_async_ops_per_s']:.2f} |"
                     for r in rows]
     res.summary.append("")
 

@@ -25,6 +25,8 @@ from test_s3 import mount_s3, unique
 from test_write_back_async import drained, kill
 from test_write_faults import _stored
 
+from rucio_fs.fuse.passthrough import refusal
+
 ASYNC = ("--write-back", "async")
 PASSTHROUGH = (*ASYNC, "--passthrough")
 
@@ -212,3 +214,18 @@ def test_other_opens_of_a_file_open_through_passthrough_never_fail(mount_fs, s3_
     drained(mnt)
     assert _stored(s3_server, f"{prefix}/f") == b"again! first"
     assert Path(path).read_bytes() == b"again! first"
+
+
+@pytest.mark.parametrize(("arguments", "reason"), [
+    (("async", "mount", 0, "6.18.44-fc"), ""),
+    (("sync", "mount", 0, "6.18.44-fc"), "--passthrough works with --write-back async"),
+    (("async", "per-user", 0, "6.18.44"), "--passthrough works with --identity mount"),
+    (("async", "mount", 1000, "6.18.44"), "--passthrough needs root (the kernel lets only "
+                                         "CAP_SYS_ADMIN open backing files)"),
+    (("async", "mount", 0, "6.8.0-49-generic"), "--passthrough needs Linux >= 6.9 (this is "
+                                                "6.8.0-49-generic)"),
+    (("async", "mount", 0, "odd"), "--passthrough needs Linux >= 6.9 (this is odd)"),
+])
+def test_where_passthrough_cannot_work_the_reason_is_one_line(arguments, reason):
+    write_back, identity, euid, release = arguments
+    assert refusal(write_back, identity, euid, release) == reason

@@ -29,14 +29,18 @@ log = logging.getLogger(__name__)
 SINCE = (6, 9)
 
 
-def refusal(write_back: str, euid: int | None = None, release: str | None = None) -> str:
+def refusal(write_back: str, identity: str = "mount", euid: int | None = None,
+            release: str | None = None) -> str:
     """Why ``--passthrough`` cannot work for this mount ("" when it may): it needs async
-    write-back (sync uploads a file as it is written), root (CAP_SYS_ADMIN opens backing
-    files), Linux >= 6.9, and a pyfuse3 that can ask for it."""
+    write-back (sync uploads a file as it is written), one identity (a per-user mount keeps
+    each user's files on the daemon's path), root (CAP_SYS_ADMIN opens backing files),
+    Linux >= 6.9, and a pyfuse3 that can ask for it."""
     euid = os.geteuid() if euid is None else euid
     release = os.uname().release if release is None else release
     if write_back != "async":
         return "--passthrough works with --write-back async"
+    if identity != "mount":
+        return "--passthrough works with --identity mount"
     if euid != 0:
         return "--passthrough needs root (the kernel lets only CAP_SYS_ADMIN open backing files)"
     numbers = release.split("-")[0].split(".")
