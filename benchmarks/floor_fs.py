@@ -55,7 +55,7 @@ class FloorFs(pyfuse3.Operations):
         inode = self.children.get(parent, {}).get(name)
         if inode is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        return self.attrs[inode]
+        return await self.getattr(inode)
 
     async def getattr(self, inode: int, ctx: Any = None) -> Any:
         attrs = self.attrs[inode]

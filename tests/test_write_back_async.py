@@ -475,6 +475,29 @@ def test_a_directory_that_gets_files_needs_no_marker_and_keeps_one_when_it_loses
     assert held == snapshot(root)
 
 
+def test_a_directory_without_its_marker_shows_until_the_server_shows_it(
+        s3_catalog, mount_fs, tmp_path):
+    """A new directory whose mkdir went without a marker (its subdirectory's mkdir is
+    queued) is on the server only once something below it is stored. Until then the mount
+    shows it from its queue: also after every cache is dropped, with the server down (so
+    nothing below it can be stored), and it can be listed and written into."""
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, *SHORT,
+                   "--staging-dir", str(tmp_path / "staging"))
+    root = mnt.path
+    os.listdir(root)
+    with s3_catalog.server.gateway_down():
+        os.makedirs(root / "d" / "e")
+        # d's mkdir ran without a marker; e's cannot be carried out.
+        wait_for(lambda: mnt.stats()["events"].get("markers_not_written", 0) >= 1)
+        mnt.drop()
+        assert os.path.isdir(root / "d") and os.listdir(root / "d") == ["e"]
+        (root / "d" / "f").write_bytes(b"f")
+        assert sorted(os.listdir(root / "d")) == ["e", "f"]
+    drained(mnt)
+    assert on_server(mount_fs, s3_catalog, tmp_path) == {"d": None, "d/e": None,
+                                                         "d/f": b"f"}
+
+
 class AsyncMachine(RuleBasedStateMachine):
     """Random files, directories, renames and removals through an async mount, with the
     daemon killed at random points; the server must end up as the model says (what every

@@ -544,7 +544,9 @@ class Catalog:
             await self.calls.timed("list", fetch)
 
         try:
-            if self.shared is not None:
+            if self.overlay.holds_all_of(path):
+                pass  # made here, nothing of it on the server yet: the overlay is all of it
+            elif self.shared is not None:
                 await self.shared.fill(path, listing, from_backend, self.config.listing_ttl,
                                        self.calls.timeout, self.nursery)
             else:

@@ -8,7 +8,7 @@ Contract:
 * A record is one JSON line with a number ``n`` (increasing within the journal): ``stage``
   (a staging file holds content of ``path`` the server does not have), ``mkdir``, ``unlink``,
   ``rmdir`` (a change of the namespace queued for the server), ``unmarked`` (a directory the
-  mount made holds keys but no marker: it gets one before it loses a name). A record is
+  mount made went without a marker: the next mount writes it). A record is
   *pending* until a ``done`` (carried out) or ``cancelled`` record names its number.
 * :meth:`Journal.append` writes at once: a daemon killed afterwards (``kill -9``, OOM) leaves
   the record behind, since the page cache outlives the process; :meth:`Journal.sync`

@@ -70,7 +70,7 @@ from rucio_fs.errors import RucioFsError, Unavailable
 from rucio_fs.write import journal as journals
 
 from .arena import SLOT_BYTES, Arena, read_slot
-from .journal import Journal, read_exactly
+from .journal import Journal, ancestors, read_exactly
 from .write_queue import Op, WriteQueue
 
 log = logging.getLogger(__name__)
@@ -789,6 +789,9 @@ class WriteBack:
         self._unmarked: dict[str, int] = {}
         #: Their markers queued by :meth:`_keep_directory`, until carried out.
         self._keeping: dict[str, Op] = {}
+        #: Those the server does not show yet (nothing below them carried out yet), with the
+        #: number of the mkdir op whose overlay entry keeps showing them meanwhile.
+        self._awaiting_key: dict[str, int] = {}
         #: Queued unlink and rmdir ops by path: a pending file renamed onto the path goes
         #: after them (see :meth:`renamed`).
         self._removals: dict[str, Op] = {}
@@ -853,20 +856,19 @@ class WriteBack:
                         named.add(os.path.basename(dirty.staging_path))
                     if "sidecar" in record:
                         sidecars.append(record["sidecar"])
-            elif record.get("op") == "unmarked":
-                path = str(record["path"])
-                self._unmarked[path] = self.journal.append({"op": "unmarked", "path": path})
             elif record.get("op") == "attrs":
                 self.queue_attributes(record["path"],
                                       Attributes.from_record(record)).maybe_sent = True
-            elif record.get("op") in ("mkdir", "unlink", "rmdir"):
+            elif record.get("op") in ("mkdir", "unlink", "rmdir", "unmarked"):
+                # An unmarked directory gets its marker now: what was to keep it may be gone.
+                kind = "mkdir" if record["op"] == "unmarked" else record["op"]
                 mode = record.get("mode")
                 entry = (Entry(name=record["path"].rpartition("/")[2], kind=Kind.DIR,
                                mode=None if mode is None else int(mode))
-                         if record["op"] == "mkdir" else None)
+                         if kind == "mkdir" else None)
                 # The dead daemon may have sent it: the server may hold the directory, and
                 # names below it that others put there.
-                self._queue_change(record["op"], record["path"], entry).maybe_sent = True
+                self._queue_change(kind, record["path"], entry).maybe_sent = True
         self.journal.sync()  # taken over: only now may the old records go
         journals.remove_journals(old)
         for path, fd in arenas.items():  # their content is in this mount's journal now
@@ -1097,6 +1099,7 @@ class WriteBack:
                 if op.path not in self._unmarked:
                     self._unmarked[op.path] = self.journal.append(
                         {"op": "unmarked", "path": op.path})
+                self._awaiting_key[op.path] = op.n
                 self.catalog.stats.events["markers_not_written"] += 1
                 return
             await self.catalog.make_directory(op.path, Attributes(mode=mode))
@@ -1152,15 +1155,18 @@ class WriteBack:
         for path in [p for p in self._unmarked if p == directory or p.startswith(below)]:
             self._keep_directory(path)
 
-    def op_done(self, op: Op, dropped: RucioFsError | None) -> None:
-        """The queue carried ``op`` out (or ``dropped`` it): the journal and the overlay
-        learn it."""
+    def op_done(self, op: Op, dropped: RucioFsError | None,
+                carried_out: bool = True) -> None:
+        """The queue carried ``op`` out (or ``dropped`` it; ``carried_out`` False: it was
+        cancelled before it started): the journal and the overlay learn it."""
         dirty = op.dirty
         if dirty is not None:
             dirty.op = None
             dirty.park()
             if dropped is not None:  # no key of it may come to keep its directory
                 self._keep_directory(split_path(dirty.path)[0], hold=0.0)
+            elif self._awaiting_key and carried_out and not dirty.unlinked:
+                self._key_landed(dirty.path)
             if not dirty.dirty:
                 self._forget(dirty)
                 if dirty.base is not None and self.files.get(dirty.path) is None:
@@ -1177,16 +1183,33 @@ class WriteBack:
             del self._removals[op.path]
         if self._attrs.get(op.path) is op:
             del self._attrs[op.path]
-        parent, _, name = op.path.rpartition("/")
-        names = self.shadow.get(parent or "/")
-        if names is not None and names.get(name, (0,))[0] == op.n:
-            del names[name]
-            if not names:
-                del self.shadow[parent or "/"]
+        parent = op.path.rpartition("/")[0]
+        if self._awaiting_key.get(op.path) != op.n:  # (a skipped marker: shown meanwhile)
+            self._unshadow(op.path, op.n)
+            if carried_out and dropped is None and op.kind == "mkdir" and self._awaiting_key:
+                self._key_landed(op.path)
         if dropped is not None:  # the server keeps what it has: ask it again
             self.catalog.forget_tree(op.path)
             self.catalog.forget_listing(parent or "/")
             self.on_dropped(op.path)
+
+    def _unshadow(self, path: str, n: int) -> None:
+        """The overlay stops showing what op ``n`` did at ``path`` (unless a later op did
+        something there since)."""
+        parent, _, name = path.rpartition("/")
+        names = self.shadow.get(parent or "/")
+        if names is not None and names.get(name, (0,))[0] == n:
+            del names[name]
+            if not names:
+                del self.shadow[parent or "/"]
+
+    def _key_landed(self, path: str) -> None:
+        """The server holds a key at or below ``path`` now: the directories above it whose
+        marker was not written show on the server, and the overlay lets go of them."""
+        for directory in (path, *ancestors(path)):
+            n = self._awaiting_key.pop(directory, None)
+            if n is not None:
+                self._unshadow(directory, n)
 
     # -- namespace changes (async write-back) ----------------------------------------------
 
@@ -1297,11 +1320,14 @@ class WriteBack:
         return not self.children(directory)
 
     def holds_all_of(self, directory: str) -> bool:
-        """Whether ``directory``'s queued mkdir was never sent, by this daemon (never tried)
-        nor by one before it (not replayed from a journal)."""
+        """Whether the server holds nothing below ``directory``, which this mount made:
+        its queued mkdir was never sent, by this daemon (never tried) nor by one before it
+        (not replayed from a journal), or it went without a marker and nothing below it is
+        on the server yet."""
         made = self._mkdirs.get(directory)
-        return made is not None and not (made.attempts or made.running or made.done
-                                         or made.maybe_sent)
+        if made is None:
+            return directory in self._awaiting_key
+        return not (made.attempts or made.running or made.done or made.maybe_sent)
 
     def queue_removal(self, kind: str, path: str) -> None:
         """Queue the removal of ``path``; an rmdir of a directory whose mkdir was never sent
@@ -1311,7 +1337,7 @@ class WriteBack:
         if made is not None and self.holds_all_of(path) and self.queue.cancel(made):
             # Made and removed before the server saw either: neither goes there.
             self.journal.done(made.n, carried_out=False)
-            self.op_done(made, None)
+            self.op_done(made, None, carried_out=False)
         else:
             self._queue_change(kind, path, None)
         if kind == "rmdir":
@@ -1319,10 +1345,11 @@ class WriteBack:
             unmarked = self._unmarked.pop(path, None)
             if unmarked is not None:  # (going: it needs no marker)
                 self.journal.done(unmarked, carried_out=False)
+            self._awaiting_key.pop(path, None)  # (its rmdir's overlay entry took over)
             keeping = self._keeping.pop(path, None)
             if keeping is not None and self.queue.cancel(keeping):  # (nor the one queued)
                 self.journal.done(keeping.n, carried_out=False)
-                self.op_done(keeping, None)
+                self.op_done(keeping, None, carried_out=False)
         self.catalog.note_entry(path, None)
 
     def _queue_change(self, kind: str, path: str, entry: Entry | None) -> Op:
@@ -1450,7 +1477,7 @@ class WriteBack:
             removal = self._removals.get(target)
             if removal is not None and self.queue.cancel(removal):
                 self.journal.done(removal.n, carried_out=False)
-                self.op_done(removal, None)
+                self.op_done(removal, None, carried_out=False)
 
     # -- the catalog's overlay: what only this mount holds wins -----------------------------
 
