@@ -1094,8 +1094,8 @@ class WriteBack:
             made = self.shadow.get(parent or "/", {}).get(name, (0, None))[1]
             mode = made.mode if made is not None else None
             if self._implied(op, mode):
-                # Journaled: after a crash, the next mount still writes the marker before
-                # the directory loses a name.
+                # Journaled: after a crash, the next mount writes the marker (what was to
+                # keep the directory may be gone).
                 if op.path not in self._unmarked:
                     self._unmarked[op.path] = self.journal.append(
                         {"op": "unmarked", "path": op.path})
@@ -1367,7 +1367,7 @@ class WriteBack:
 
     def losing(self, path: str) -> None:
         """``path`` is about to move away (a rename): its directory keeps a marker if it
-        has none (see :meth:`_keep_directory`), and so do ``path`` and the directories
+        has none (see :meth:`_losing_name`), and so do ``path`` and the directories
         below it, whose markers move with them."""
         self._losing_name(path)
         self._keep_tree(path)
