@@ -82,7 +82,7 @@ class GoalBenchmark:
 #: Every goal benchmark, in the order a run takes them (servers: none, Rucio, S3).
 BENCHMARKS = (
     GoalBenchmark("core", "bench_core.py", 1, short=("--repeat", "2")),
-    GoalBenchmark("read", "bench_read.py", 1),
+    GoalBenchmark("read", "bench_read.py", 3),
     GoalBenchmark("rucio", "bench_rucio.py", 3, ("--peer",), ("--peer", "--repeat", "2"),
                   server="rucio", programs=("curl", "rclone")),
     GoalBenchmark("rucio_write", "bench_rucio_write.py", 10,

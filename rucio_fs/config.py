@@ -136,12 +136,15 @@ class MountConfig:
         "fsync (an fsync of the file or its directory, or unmount, as on a local file "
         "system; a close survives a crash of the daemon) or close (every close syncs its "
         "staged bytes and the journal).", "text"))
-    #: With async write-back, whether the kernel writes (and reads) a file open for writing
-    #: in its staging file itself (FUSE passthrough): no WRITE request reaches the daemon.
+    #: Whether the kernel reads and writes files itself in local backing files (FUSE
+    #: passthrough): with async write-back a file open for writing in its staging file, with
+    #: a disk layer a file read whole before in its whole file there. No READ or WRITE
+    #: request of such an open reaches the daemon.
     passthrough: bool = field(default=False, metadata=_option(
-        "--passthrough", "With async write-back, the kernel writes files open for writing "
-        "straight into their staging files (FUSE passthrough; root, Linux >= 6.9; see "
-        "docs/writing.md).", "switch"))
+        "--passthrough", "The kernel itself writes files open for writing into their staging "
+        "files (async write-back) and reads files kept whole in --cache-dir (FUSE "
+        "passthrough; root, Linux >= 6.9; see docs/caches.md and docs/writing.md).",
+        "switch"))
     write_back_parallelism: int = field(default=0, metadata=_option(
         "--write-back-parallelism", "Most queued changes carried out at once (async "
         "write-back); 0: the catalog's own (16; Rucio 128, whose registrations go "

@@ -180,7 +180,8 @@ def test_passthrough_where_it_cannot_work_is_a_one_line_notice_and_a_plain_mount
     try:
         assert result.returncode == 0, result.stderr
         assert result.stderr.strip().splitlines() == [
-            "rucio-fs: --passthrough works with --write-back async: mounting without it"]
+            "rucio-fs: --passthrough works with --write-back async or --cache-dir: "
+            "mounting without it"]
         (mountpoint / "f").write_bytes(b"sync")
         assert _stored(s3_server, f"{prefix}/f") == b"sync"
     finally:
@@ -218,7 +219,9 @@ def test_other_opens_of_a_file_open_through_passthrough_never_fail(mount_fs, s3_
 
 @pytest.mark.parametrize(("arguments", "reason"), [
     (("async", "mount", 0, "6.18.44-fc"), ""),
-    (("sync", "mount", 0, "6.18.44-fc"), "--passthrough works with --write-back async"),
+    (("sync", "mount", 0, "6.18.44-fc"), "--passthrough works with --write-back async or "
+                                         "--cache-dir"),
+    (("sync", "mount", 0, "6.18.44-fc", True), ""),
     (("async", "per-user", 0, "6.18.44"), "--passthrough works with --identity mount"),
     (("async", "mount", 1000, "6.18.44"), "--passthrough needs root (the kernel lets only "
                                          "CAP_SYS_ADMIN open backing files)"),
@@ -227,5 +230,4 @@ def test_other_opens_of_a_file_open_through_passthrough_never_fail(mount_fs, s3_
     (("async", "mount", 0, "odd"), "--passthrough needs Linux >= 6.9 (this is odd)"),
 ])
 def test_where_passthrough_cannot_work_the_reason_is_one_line(arguments, reason):
-    write_back, identity, euid, release = arguments
-    assert refusal(write_back, identity, euid, release) == reason
+    assert refusal(*arguments) == reason

@@ -11,6 +11,11 @@ are evicted before each insert), and an insert that would leave the file system 
 ``free_floor`` bytes free evicts more or is skipped. At mount the directory is scanned: files
 with a bad header or size are deleted, the rest are the cache's starting content, oldest
 access first. All file I/O runs in worker threads.
+
+A file whose every block is here can be *sealed* into one whole file
+(:mod:`rucio_fs.cache.whole_files`), which then stands for its blocks: the daemon reads them
+from it (CRC checked), and the kernel may read it itself (:meth:`DiskCache.backing_file`).
+A whole file counts against the limits, and is evicted, as one entry.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from pathlib import Path
 import trio
 
 from rucio_fs.observe.stats import Stats
+
+from . import whole_files
+from .whole_files import Digest, WholeFile
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +61,9 @@ class DiskCache:
         self._bytes = 0
         self._lock = threading.Lock()  # index and byte count: touched from worker threads
         self._limiter = trio.CapacityLimiter(8)
+        self._whole_dir = self.directory / "whole"
+        #: Whole files by digest (each also in ``_index``, with its bytes on disk).
+        self._wholes: dict[bytes, WholeFile] = {}
 
     # -- keys and files ----------------------------------------------------------------------
 
@@ -65,8 +76,21 @@ class DiskCache:
         name = digest.hex()
         return self.directory / name[:2] / name
 
+    def whole_digest(self, path: str, version: str) -> bytes:
+        text = f"{self.namespace}\0{path}\0{version}\0whole\0{self.block_size}"
+        return hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()
+
+    def whole(self, path: str, version: str) -> WholeFile | None:
+        """The whole file of this content, if it was sealed."""
+        return self._wholes.get(self.whole_digest(path, version)) if self._wholes else None
+
+    def _in_whole(self, key: Hashable) -> WholeFile | None:
+        path, version, index = key  # type: ignore[misc]
+        record = self.whole(path, version)
+        return record if record is not None and index < record.blocks else None
+
     def has(self, key: Hashable) -> bool:
-        return self.digest(key) in self._index
+        return self.digest(key) in self._index or self._in_whole(key) is not None
 
     @property
     def currsize(self) -> int:
@@ -96,6 +120,10 @@ class DiskCache:
                     file.unlink(missing_ok=True)
                     continue
                 found.append((file.stat().st_atime_ns, bytes.fromhex(file.name), size))
+        self._whole_dir.mkdir(exist_ok=True)
+        for atime, record, size in whole_files.load(self._whole_dir):
+            self._wholes[record.digest] = record
+            found.append((atime, record.digest, size))
         for _, digest, size in sorted(found):
             self._index[digest] = size
             self._bytes += size
@@ -123,10 +151,14 @@ class DiskCache:
 
     async def get(self, key: Hashable) -> bytes | None:
         digest = self.digest(key)
-        if digest not in self._index:
+        if digest in self._index:
+            data = await trio.to_thread.run_sync(self._read, digest, limiter=self._limiter)
+        elif (record := self._in_whole(key)) is not None:
+            data = await trio.to_thread.run_sync(self._read_whole_block, record, key[2],
+                                                 limiter=self._limiter)
+        else:
             self._counters["misses"] += 1
             return None
-        data = await trio.to_thread.run_sync(self._read, digest, limiter=self._limiter)
         if data is None:
             self._counters["misses"] += 1
         else:
@@ -140,12 +172,16 @@ class DiskCache:
         await trio.to_thread.run_sync(self._write, digest, data, limiter=self._limiter)
 
     def discard(self, key: Hashable) -> None:
+        """Forget a block (and the whole file holding it)."""
         self._forget(self.digest(key), unlink=True)
+        record = self._in_whole(key)
+        if record is not None:
+            self._forget(record.digest, unlink=True)
 
     def drop(self) -> None:
         with self._lock:  # unlinked before the bytes count as free (see _evict)
             for digest in self._index:
-                self._file(digest).unlink(missing_ok=True)
+                self._unlink(digest)
             self._bytes -= sum(self._index.values())
             self._index.clear()
         self._counters["drops"] += 1
@@ -172,10 +208,122 @@ class DiskCache:
                         file.name[:16])
             self._forget(digest, unlink=True)
             return None
+        self._touch(digest)
+        return data
+
+    def _read_whole_block(self, record: WholeFile, index: int) -> bytes | None:
+        data = whole_files.read_block(self._whole_dir, record, index)
+        if data is None:
+            self._events["disk_cache_corrupt"] += 1
+            log.warning("disk cache: whole file %s is damaged: deleted, fetching it again",
+                        record.digest.hex()[:16])
+            self._forget(record.digest, unlink=True)
+            return None
+        self._touch(record.digest)
+        return data
+
+    def _touch(self, digest: bytes) -> None:
         with self._lock:
             if digest in self._index:
                 self._index.move_to_end(digest)
-        return data
+
+    # -- whole files (blocking: worker threads) -----------------------------------------------
+
+    def seal(self, path: str, version: str, size: int,
+             verify: tuple[str, str, Digest] | None = None) -> bool:
+        """Make the blocks of this content, all here and each CRC checked, one whole file
+        that stands for them from now on. ``verify``: ``(algorithm, expected value, a fresh
+        hash of it)``: the copy must match the catalog's checksum, which its record then
+        holds; a copy that does not is never sealed, and its blocks are deleted. False,
+        with nothing sealed, when a block is missing or damaged, the copy does not match,
+        or the limits leave no room for it."""
+        digest = self.whole_digest(path, version)
+        if digest in self._wholes:
+            return True
+        count = -(-size // self.block_size)
+        keys = [self.digest((path, version, index)) for index in range(count)]
+        if size <= 0 or not all(key in self._index for key in keys):
+            return False
+        reserved = size + 64 + 12 * count  # the record's size is about this
+        if not self._evict(reserved):
+            self._events["disk_cache_full"] += 1
+            return False
+        target = whole_files.data_file(self._whole_dir, digest)
+        tmp = target.with_name(f"{target.name}.{threading.get_ident()}.tmp")
+        crcs = []
+        try:
+            with open(tmp, "wb") as f:
+                for key in keys:
+                    data = self._read(key)
+                    if data is None or len(data) != min(self.block_size,
+                                                        size - len(crcs) * self.block_size):
+                        raise OSError(0, "a block is gone")
+                    crcs.append(zlib.crc32(data))
+                    if verify is not None:
+                        verify[2].update(data)
+                    f.write(data)
+            checksums = {} if verify is None else whole_files.normal_checksums(
+                {verify[0]: verify[1]})
+            if checksums and verify[2].hexdigest() != checksums[verify[0]]:  # type: ignore[index]
+                self._events["disk_cache_seal_mismatch"] += 1
+                log.warning("disk cache: blocks of %s do not match its %s: deleted", path,
+                            verify[0])  # type: ignore[index]
+                for key in keys:
+                    self._forget(key, unlink=True)
+                raise OSError(0, "mismatch")
+            os.replace(tmp, target)
+            record = WholeFile(digest, size, self.block_size, crcs, checksums,
+                               whole_files.identity_of(target))
+            stored = size + whole_files.write_record(self._whole_dir, record)
+        except OSError as exc:
+            if exc.errno:
+                log.warning("disk cache: cannot seal a whole file: %s", exc.strerror)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            with contextlib.suppress(OSError):
+                target.unlink()
+            self._release(reserved)
+            return False
+        with self._lock:
+            self._bytes += stored - reserved
+            self._index[digest] = stored
+            self._wholes[digest] = record
+        for key in keys:  # the whole file stands for them now
+            self._forget(key, unlink=True)
+        self._events["disk_cache_sealed"] += 1
+        return True
+
+    def vouch(self, path: str, version: str, checksums: dict[str, str]) -> None:
+        """This content passed ``checksums`` (in a mount after the one that sealed it
+        without them, e.g. with ``--no-verify``): its whole file's record says so."""
+        record = self.whole(path, version)
+        if record is None or not checksums or record.checksums:
+            return
+        record.checksums = whole_files.normal_checksums(checksums)
+        with contextlib.suppress(OSError):
+            whole_files.write_record(self._whole_dir, record)
+
+    def backing_file(self, path: str, version: str, checksums: dict[str, str]) -> int | None:
+        """A read-only descriptor of this content's whole file for the kernel to read
+        itself, if it was sealed, verified against ``checksums`` (the catalog's now), and
+        passes :func:`~rucio_fs.cache.whole_files.check`; else None (a file that fails the
+        check is deleted)."""
+        record = self.whole(path, version)
+        if record is None or not record.covers(checksums):
+            return None
+        if not whole_files.check(self._whole_dir, record):
+            self._events["disk_cache_corrupt"] += 1
+            log.warning("disk cache: whole file %s is damaged: deleted, fetching it again",
+                        record.digest.hex()[:16])
+            self._forget(record.digest, unlink=True)
+            return None
+        try:
+            fd = os.open(whole_files.data_file(self._whole_dir, record.digest), os.O_RDONLY)
+        except OSError:
+            self._forget(record.digest, unlink=True)
+            return None
+        self._touch(record.digest)
+        return fd
 
     def _write(self, digest: bytes, data: bytes | memoryview) -> None:
         size = HEADER.size + len(data)
@@ -225,7 +373,7 @@ class DiskCache:
 
             while self._index and not fits():
                 digest, size = self._index.popitem(last=False)
-                self._file(digest).unlink(missing_ok=True)
+                self._unlink(digest)
                 self._bytes -= size
                 free += size
                 evicted += 1
@@ -244,9 +392,17 @@ class DiskCache:
         with self._lock:
             size = self._index.pop(digest, None)
             if unlink:  # before the bytes count as free (see _evict)
-                self._file(digest).unlink(missing_ok=True)
+                self._unlink(digest)
             if size is not None:
                 self._bytes -= size
+
+    def _unlink(self, digest: bytes) -> None:
+        """Delete the files of an entry (call with the lock held)."""
+        if self._wholes.pop(digest, None) is not None:
+            whole_files.record_file(self._whole_dir, digest).unlink(missing_ok=True)
+            whole_files.data_file(self._whole_dir, digest).unlink(missing_ok=True)
+        else:
+            self._file(digest).unlink(missing_ok=True)
 
 
 def _is_hex(text: str) -> bool:

@@ -127,7 +127,7 @@ def mount(url: str, mountpoint: str, foreground: bool, debug: bool, allow_other:
     if cache.passthrough:
         from rucio_fs.fuse.passthrough import refusal
 
-        reason = refusal(cache.write_back, identity)
+        reason = refusal(cache.write_back, identity, disk=cache.disk)
         if reason:  # the mount goes on without it
             click.echo(f"rucio-fs: {reason}: mounting without it", err=True)
             cache = replace(cache, passthrough=False)

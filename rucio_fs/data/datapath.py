@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ import trio
 from cachetools import LRUCache, TTLCache
 
 from rucio_fs.backend import Entry, content_version
-from rucio_fs.background import survive
+from rucio_fs.background import start_guarded, survive
 from rucio_fs.cache.accounting import BackendCalls
 from rucio_fs.cache.budget import Shares
 from rucio_fs.cache.caches import CacheLayer, byte_cache
@@ -29,6 +30,7 @@ from rucio_fs.cache.disk_cache import DiskCache
 from rucio_fs.config import MountConfig
 from rucio_fs.observe.stats import Stats
 
+from .integrity import cheapest, new_hash
 from .prefetch import Prefetcher
 from .strides import HandleUsers, PieceStore, StrideReader
 
@@ -48,9 +50,22 @@ HEAD_PIECE = 16 << 10
 CHANGED_PATHS = 65536
 #: A page: what a buffered reader (Python, stdio) reads after a direct read of whole pages.
 PAGE = 4096
+#: Blocks a file read whole may lack in the disk layer and still be completed and sealed.
+SEAL_MISSING = 8
 
 #: ``fetch(handle, offset, size)``: exactly those bytes from the backend, counted.
 Fetch = Callable[[Any, int, int], Awaitable[bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Seal:
+    """A request to the disk writers: seal the blocks of this content into a whole file
+    (:meth:`~rucio_fs.cache.disk_cache.DiskCache.seal`), after the blocks queued before."""
+
+    path: str
+    version: str
+    size: int
+    checksums: dict[str, str]
 
 
 class DataPath:
@@ -74,7 +89,9 @@ class DataPath:
         # only when the disk falls a whole queue behind the network.
         # (Each with the mark its path had when the block was fetched: see :meth:`changed`.)
         self._disk_send, self._disk_recv = trio.open_memory_channel[
-            tuple[Hashable, Any, str | None]](DISK_QUEUE_BLOCKS)
+            tuple[Any, Any, str | None]](DISK_QUEUE_BLOCKS)
+        #: Blocks of each path being written to the disk layer now.
+        self._writing: Counter[str] = Counter()
         #: Paths whose content changed through this mount, each with a mark no other content
         #: of the path had in this mount (see :meth:`version_of`).
         self._marks: LRUCache[str, str] = LRUCache(CHANGED_PATHS)
@@ -275,26 +292,104 @@ class DataPath:
         if self.disk is not None:
             await self._disk_send.send((key, block, self._marks.get(key[0])))
 
-    def _still_current(self, key: tuple[str, str, int], mark: str | None) -> bool:
-        """Whether the path of a queued block has not changed since it was fetched."""
-        return self._marks.get(key[0]) == mark
+    def _still_current(self, path: str, mark: str | None) -> bool:
+        """Whether ``path`` has not changed since a queued block of it was fetched."""
+        return self._marks.get(path) == mark
+
+    async def offer_whole(self, path: str, entry: Entry, checksums: dict[str, str],
+                          verified: bool, handle: Any, nursery: trio.Nursery | None) -> None:
+        """A reader of ``entry``'s content is done: if every block of it is in the disk
+        layer (or on its way there), have them sealed into a whole file the kernel may
+        read itself, checked against the cheapest of ``checksums`` as they are copied (none:
+        nothing to check). A few blocks missing (reads fetched as exact ranges: at most
+        :data:`SEAL_MISSING` of them, or an eighth) are fetched first, in ``nursery``, with
+        the backend ``handle``. ``verified``: a complete pass of this content matched
+        ``checksums`` in this mount (without it, a content with checksums is not sealed; a
+        whole file sealed without them then records them)."""
+        disk = self.disk
+        if disk is None or not 0 < entry.size <= disk.max_bytes // 2 or (
+                checksums and not verified):
+            return
+        version = self.version_of(path, entry)
+        record = disk.whole(path, version)
+        if record is not None:
+            chosen = cheapest(checksums)
+            if verified and chosen is not None and not record.checksums:
+                await trio.to_thread.run_sync(disk.vouch, path, version, dict([chosen]))
+            return
+        count = -(-entry.size // self.config.block_size)
+        missing = [index for index in range(count) if not self._cached(path, version, index)]
+        seal = _Seal(path, version, entry.size, checksums)
+        if not missing:
+            await self._disk_send.send((seal, None, self._marks.get(path)))
+        elif nursery is not None and len(missing) <= max(SEAL_MISSING, count // 8):
+            self.handle_users.take(handle)
+            start_guarded(nursery, self.stats.events, f"completing {path} on disk",
+                          self._complete, seal, entry, handle, missing)
+
+    async def _complete(self, seal: _Seal, entry: Entry, handle: Any,
+                        missing: list[int]) -> None:
+        """Fetch the ``missing`` blocks of a content, then have it sealed."""
+        mark = self._marks.get(seal.path)
+        try:
+            for index in missing:
+                await self._block(seal.path, seal.version, entry, handle, index)
+        finally:
+            await self.handle_users.give(handle)
+        self.stats.events["disk_cache_completed_blocks"] += len(missing)
+        await self._disk_send.send((seal, None, mark))
+
+    async def backing_file(self, path: str, entry: Entry, checksums: dict[str, str]
+                           ) -> int | None:
+        """A read-only descriptor of the sealed whole file of ``entry``'s content, checked,
+        for the kernel to read itself; ``checksums``: what it must have been verified
+        against. None when there is none (see :meth:`DiskCache.backing_file`)."""
+        if self.disk is None:
+            return None
+        version = self.version_of(path, entry)
+        if self.disk.whole(path, version) is None:
+            return None
+        return await trio.to_thread.run_sync(self.disk.backing_file, path, version, checksums)
+
+    async def _store(self, item: Any, block: Any, mark: str | None) -> None:
+        disk = self.disk
+        assert disk is not None
+        if isinstance(item, _Seal):
+            while self._writing[item.path]:  # its blocks taken by other writers
+                await trio.sleep(0.01)
+            if not self._still_current(item.path, mark):
+                return
+            chosen = cheapest(item.checksums)
+            verify = None if chosen is None else (*chosen, new_hash(chosen[0]))
+            if await trio.to_thread.run_sync(disk.seal, item.path, item.version, item.size,
+                                             verify) and not self._still_current(
+                                                 item.path, mark):
+                disk.discard((item.path, item.version, 0))  # changed while it was sealed
+            return
+        if not self._still_current(item[0], mark):
+            return
+        self._writing[item[0]] += 1
+        try:
+            await disk.put(item, block)
+        finally:
+            self._writing[item[0]] -= 1
+            if not self._writing[item[0]]:
+                del self._writing[item[0]]
 
     async def run_disk_writer(self) -> None:
         """Write queued blocks to the disk layer (a task of the daemon's nursery)."""
-        async for key, block, mark in self._disk_recv:
-            if self._still_current(key, mark):
-                with survive(self.stats.events, "storing a block in the disk layer"):
-                    await self.disk.put(key, block)  # type: ignore[union-attr]
+        async for item, block, mark in self._disk_recv:
+            with survive(self.stats.events, "storing a block in the disk layer"):
+                await self._store(item, block, mark)
 
     async def flush_disk_writes(self) -> None:
         """Write what is still queued (at unmount: nothing fetched is lost to the layer)."""
         while self.disk is not None:
             try:
-                key, block, mark = self._disk_recv.receive_nowait()
+                item, block, mark = self._disk_recv.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 return
-            if self._still_current(key, mark):
-                await self.disk.put(key, block)
+            await self._store(item, block, mark)
 
     def discard(self, path: str, entry: Entry) -> None:
         """Forget every cached block and piece of ``path`` (e.g. after it failed

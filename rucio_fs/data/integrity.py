@@ -74,7 +74,7 @@ class StreamVerifier:
         self.max_pending = MAX_PENDING if max_pending is None else min(max_pending, MAX_PENDING)
         #: Open handles feeding this verifier (kept by the FUSE layer).
         self.users = 0
-        self._hash: Any = _Adler32() if algorithm == "adler32" else hashlib.new(algorithm)
+        self._hash: Any = new_hash(algorithm)
         self._pending: dict[int, bytes] = {}
         self._pending_bytes = 0
         self._mismatch = ""
@@ -189,14 +189,27 @@ class StreamVerifier:
             self._hash.update(view)
 
 
-def verifier_for(path: str, size: int, checksums: Mapping[str, str], version: str = "",
-                 max_pending: int | None = None) -> StreamVerifier | None:
-    """A verifier for the cheapest checksum the catalog gave, or None if it gave none."""
+def new_hash(algorithm: str) -> Any:
+    """A fresh hash of ``algorithm`` (``update``, ``hexdigest``)."""
+    return _Adler32() if algorithm == "adler32" else hashlib.new(algorithm)
+
+
+def cheapest(checksums: Mapping[str, str]) -> tuple[str, str] | None:
+    """The cheapest checksum the catalog gave, as ``(algorithm, value)``, or None."""
     for algorithm in ALGORITHMS:
         expected = checksums.get(algorithm)
         if expected:
-            return StreamVerifier(path, algorithm, expected, size, version, max_pending)
+            return algorithm, expected
     return None
+
+
+def verifier_for(path: str, size: int, checksums: Mapping[str, str], version: str = "",
+                 max_pending: int | None = None) -> StreamVerifier | None:
+    """A verifier for the cheapest checksum the catalog gave, or None if it gave none."""
+    chosen = cheapest(checksums)
+    if chosen is None:
+        return None
+    return StreamVerifier(path, chosen[0], chosen[1], size, version, max_pending)
 
 
 class Verified(Protocol):

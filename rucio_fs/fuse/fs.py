@@ -20,7 +20,7 @@ import os
 import select
 import stat
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -176,6 +176,8 @@ class _FileHandle:
     #: or through its page cache (``cached``), or neither (direct I/O).
     passthrough: bool = False
     cached: bool = False
+    #: What its backing id is held under (:class:`BackingFiles`), when it passes through.
+    backing_key: Hashable = None
 
 
 def _writeback_of(catalog: Catalog) -> WriteBack | None:
@@ -588,12 +590,18 @@ class RucioFs(pyfuse3.Operations):
             return await self._open_for_writing(node, flags)
         dirty = self._dirty_of(node)
         if dirty is not None:
+            self._give_way(node, dirty)
             return await self._dirty_handle(node, dirty, writer=False)
         if _removed(node):
             raise NotFound(f"{node.path}: removed")
         entry = await self._revalidate(node)
-        backend_handle = await self.catalog.open(node.path, entry)
         version = self.catalog.data_path.version_of(node.path, entry)
+        self._give_way(node, ("whole", node.path, version))
+        if self._reads_pass:
+            info = await self._whole_handle(node, entry, version)
+            if info is not None:
+                return info
+        backend_handle = await self.catalog.open(node.path, entry)
         verifier = self.verification.join(node, entry.checksums, entry.size, version,
                                           self.nursery)
         # Keep the kernel's page cache only when it can hold nothing but this very content,
@@ -609,8 +617,6 @@ class RucioFs(pyfuse3.Operations):
         # A file read sparsely a moment ago is read direct: the kernel then asks for what
         # the reader reads, not its read-ahead around each piece.
         direct = self.config.direct_sparse and data_path.read_sparsely(node.path, entry)
-        # (The kernel refuses a cached open of an inode open through a backing file.)
-        direct = direct or node.passthrough_opens > 0
         stream = data_path.stream(node.path, entry, backend_handle, self.nursery, direct,
                                   reader=getattr(ctx, "pid", None))
         fh = self._new_fh()
@@ -659,8 +665,13 @@ class RucioFs(pyfuse3.Operations):
         node.cached_opens -= handle.cached
         if handle.passthrough:
             node.passthrough_opens -= 1
-            assert handle.dirty is not None
-            self._backing.give_back(handle.dirty)
+            if not node.passthrough_opens:
+                node.backing_key = None
+            self._backing.give_back(handle.backing_key)
+            if handle.dirty is None:
+                # What went through at most: the file's size at the close of a reader.
+                self.stats.events["passthrough_read_bytes"] += handle.entry.size
+                return
             if handle.writer:
                 handle.dirty.kernel_writer_gone()
                 # What went through: the file's size at the close of a handle that wrote.
@@ -677,6 +688,13 @@ class RucioFs(pyfuse3.Operations):
             await handle.stream.close()
         if handle.verifier is not None:
             await self.verification.leave(handle.inode, handle.verifier)
+        if handle.dirty is None and self._reads_pass:
+            node = handle.inode
+            version = self.catalog.data_path.version_of(node.path, handle.entry)
+            checksums = dict(handle.entry.checksums) if self.verification.enabled else {}
+            await self.catalog.data_path.offer_whole(
+                node.path, handle.entry, checksums, node.verified_version == version,
+                handle.backend_handle, self.nursery)
         if handle.backend_handle is not None or handle.dirty is None:
             # Pieces fetched ahead with this backend handle may still be on their way.
             backend_handle = handle.backend_handle
@@ -757,6 +775,7 @@ class RucioFs(pyfuse3.Operations):
         entry = await self._revalidate(node)
         if entry.is_dir:
             raise IsADirectory(node.path)
+        self._give_way(node, writes.files.get(node.path) if writes.asynchronous else None)
         dirty = writes.open(node.path, entry)
         try:
             if flags & os.O_TRUNC:
@@ -785,15 +804,68 @@ class RucioFs(pyfuse3.Operations):
             if not backing_id and writer:
                 dirty.kernel_writer_gone()
         if backing_id:
-            handle.passthrough = True
+            handle.passthrough, handle.backing_key = True, dirty
             node.passthrough_opens += 1
+            node.backing_key = dirty
             self.stats.events["opened_passthrough"] += 1
             return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=backing_id)
-        # (The kernel refuses a cached open of an inode open through a backing file.)
-        direct = node.passthrough_opens > 0
-        handle.cached = not direct
-        node.cached_opens += not direct
-        return pyfuse3.FileInfo(fh=fh, keep_cache=False, direct_io=direct)
+        handle.cached = True
+        node.cached_opens += 1
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False)
+
+    def _give_way(self, node: Inode, key: Hashable) -> None:
+        """Before an open of ``node`` that would not pass through to ``key``'s backing
+        file: the kernel lets an inode open through a backing file be opened only through
+        that same file (any other open fails with EIO). While such opens last, the name gets
+        a new inode: this open fails with ESTALE, which has the kernel look the name up
+        again and open what it finds, as after the file was replaced by a rename. The
+        handles open meanwhile go on reading the file they opened."""
+        if not node.passthrough_opens or node.backing_key == key:
+            return
+        parent = self.inodes.get(node.parent)
+        if parent is not None:
+            self.inodes.detach(parent, node.name)
+        self.stats.events["passthrough_gave_way"] += 1
+        raise pyfuse3.FUSEError(errno.ESTALE)
+
+    async def _whole_handle(self, node: Inode, entry: Entry, version: str
+                            ) -> pyfuse3.FileInfo | None:
+        """A handle the kernel reads itself, from the disk layer's whole file of this
+        content (checked, and verified against the catalog's checksums), or None. Not while
+        an open of the inode uses the page cache (the kernel refuses to mix them)."""
+        if node.cached_opens:
+            return None
+        key = ("whole", node.path, version)
+        backing_id = self._backing.share(key)
+        if backing_id is None:
+            checksums = dict(entry.checksums) if self.verification.enabled else {}
+            fd = await self.catalog.data_path.backing_file(node.path, entry, checksums)
+            if fd is None:
+                return None
+            try:
+                backing_id = self._backing.take(key, fd)
+            finally:
+                os.close(fd)  # the kernel holds the file from here
+            if backing_id is None or node.cached_opens:
+                if backing_id is not None:
+                    self._backing.give_back(key)
+                return None
+        fh = self._new_fh()
+        self._files[fh] = _FileHandle(node, entry, None, None, None, catalog=self.catalog,
+                                      passthrough=True, backing_key=key)
+        node.passthrough_opens += 1
+        node.backing_key = key
+        # The whole file was verified against the checksums the catalog gives now.
+        node.verified_version = version
+        self.stats.events["opened_passthrough"] += 1
+        return pyfuse3.FileInfo(fh=fh, keep_cache=False, backing_id=backing_id)
+
+    @property
+    def _reads_pass(self) -> bool:
+        """Whether reads of files in the disk layer may pass through to its whole files
+        (one identity: a per-user mount reads each user's files through the daemon)."""
+        return (self.identities is None and self.catalog.data_path.disk is not None
+                and self._passing)
 
     @property
     def _passing(self) -> bool:

@@ -39,6 +39,8 @@ class Inode:
     #: serves from a backing file (passthrough); it refuses to mix the two on one inode.
     cached_opens: int = 0
     passthrough_opens: int = 0
+    #: What the backing file of those passthrough opens is held under (one per inode).
+    backing_key: Any = None
     #: Dirs: open directory handles, and when the newest of them fetched its listing.
     open_dirs: int = 0
     listed_at: float = -1.0

@@ -1,5 +1,6 @@
 """FUSE passthrough (Linux >= 6.9): open files the kernel reads and writes itself, in a local
-backing file, with no request reaching the daemon.
+backing file, with no request reaching the daemon: staged files (async write-back) and whole
+files of the disk layer (:mod:`rucio_fs.cache.whole_files`).
 
 Contract:
 
@@ -30,15 +31,16 @@ SINCE = (6, 9)
 
 
 def refusal(write_back: str, identity: str = "mount", euid: int | None = None,
-            release: str | None = None) -> str:
-    """Why ``--passthrough`` cannot work for this mount ("" when it may): it needs async
-    write-back (sync uploads a file as it is written), one identity (a per-user mount keeps
-    each user's files on the daemon's path), root (CAP_SYS_ADMIN opens backing files),
-    Linux >= 6.9, and a pyfuse3 that can ask for it."""
+            release: str | None = None, disk: bool = False) -> str:
+    """Why ``--passthrough`` cannot work for this mount ("" when it may): it needs something
+    to pass through — async write-back (files open for writing; sync uploads a file as it
+    is written) or a disk layer (``disk``: files read whole before) — one identity (a
+    per-user mount keeps each user's files on the daemon's path), root (CAP_SYS_ADMIN opens
+    backing files), Linux >= 6.9, and a pyfuse3 that can ask for it."""
     euid = os.geteuid() if euid is None else euid
     release = os.uname().release if release is None else release
-    if write_back != "async":
-        return "--passthrough works with --write-back async"
+    if write_back != "async" and not disk:
+        return "--passthrough works with --write-back async or --cache-dir"
     if identity != "mount":
         return "--passthrough works with --identity mount"
     if euid != 0:
@@ -91,6 +93,14 @@ class BackingFiles:
                     log.warning("passthrough refused (%s): files open through the daemon", exc)
                 return None
             held = self._held[key] = [backing_id, 0]
+        held[1] += 1
+        return held[0]
+
+    def share(self, key: Hashable) -> int | None:
+        """The backing id of ``key`` for one more open, if one is held already."""
+        held = self._held.get(key)
+        if held is None:
+            return None
         held[1] += 1
         return held[0]
 
