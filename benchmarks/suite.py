@@ -568,14 +568,44 @@ def drain(client: str, mount_dir: Path) -> float:
     return timed([sys.executable, "-m", "rucio_fs", "uploads", "--wait", str(mount_dir)])
 
 
+def stored_files(target: Target, client: str, name: str) -> Callable[[], int] | None:
+    """How many files of ``client``'s directory ``name`` the S3 server holds now, counted
+    in versitygw's posix store (an object's file is there once its upload completed);
+    None where that cannot be seen (local disk, other servers)."""
+    data = target.server_env.get("VGW_DATA")
+    if client == "local disk" or target.backend != "s3" or not data:
+        return None
+    prefix = target.writable.split("s3://test/", 1)[1].split("?", 1)[0]
+    base = Path(data) / "test" / prefix / name
+
+    def count() -> int:
+        return sum(len(names) for _, _, names in os.walk(base))
+    return count
+
+
+def until_stored(count: Callable[[], int] | None, files: int, timeout: float = 600) -> float:
+    """Seconds until ``count()`` reaches ``files`` (0 when it cannot be seen)."""
+    if count is None:
+        return 0.0
+    start = time.perf_counter()
+    while count() < files:
+        if time.perf_counter() - start > timeout:
+            raise RuntimeError(f"the server held {count()} of {files} files after {timeout} s")
+        time.sleep(0.02)
+    return time.perf_counter() - start
+
+
 def exp_geesefs(root: Path, target: Target, res: Results, files: int, big_bytes: int,
                 peers: list[str]) -> None:
     source = root / "geesefs-source"
     total = small_tree(source, files)
     rows = []
     for client in progress(["local disk", *WRITE_BACK, *peers], "GeeseFS small files"):
-        with client_dir(root, target, client, f"small-{uuid.uuid4().hex[:6]}") as d:
+        name = f"small-{uuid.uuid4().hex[:6]}"
+        with client_dir(root, target, client, name) as d:
             copy = timed(["cp", "-r", str(source), str(d / "tree")])
+            # the server holding every file, watched from the server's side for every client
+            stored = until_stored(stored_files(target, client, name), files)
             copy_drain = drain(client, d.parent)
             remove = timed(["rm", "-r", str(d / "tree")])
             remove_drain = drain(client, d.parent)
@@ -584,6 +614,7 @@ def exp_geesefs(root: Path, target: Target, res: Results, files: int, big_bytes:
                 if client.startswith("rucio-fs") else 0.0
         rows.append({"test": "small files", "client": client, "files": files, "bytes": total,
                      "cp_s": copy, "rm_s": remove, "cp_drain_s": copy_drain,
+                     "cp_stored_s": copy + stored,
                      "rm_drain_s": remove_drain, "rss_peak_MB": peak})
     shutil.rmtree(source)
     big = root / "geesefs-big"
@@ -618,15 +649,18 @@ def exp_geesefs(root: Path, target: Target, res: Results, files: int, big_bytes:
                 r[f"{key[:-2]}_x_local"] = r[key] / local[r["test"]][key]
     res.table("geesefs", [{k: r.get(k, "") for k in (
         "test", "client", "files", "bytes", "cp_s", "rm_s", "cp_drain_s", "rm_drain_s",
+        "cp_stored_s",
         "rss_peak_MB", "cp_x_local", "rm_x_local",
         "write_s", "read_s", "write_MBps", "read_MBps", "write_x_local", "read_x_local",
         "identical")} for r in rows])
     res.summary += [f"## GeeseFS tests ({files} files of 0.5-300 KB, "
                     f"{total / files / 1000:.0f} KB on average, 1,024 directories)", "",
-                    "| client | cp -r s | rm -r s | cp x local | rm x local | then drained s |",
-                    "|---|---:|---:|---:|---:|---|"]
+                    "| client | cp -r s | rm -r s | cp x local | rm x local | cp -r until on "
+                    "the server s | then drained s |",
+                    "|---|---:|---:|---:|---:|---:|---|"]
     res.summary += [f"| {r['client']} | {r['cp_s']:.2f} | {r['rm_s']:.2f} | "
                     f"{r['cp_x_local']:.1f} | {r['rm_x_local']:.1f} | "
+                    f"{r['cp_stored_s']:.2f} | "
                     + (f"{r['cp_drain_s']:.2f} + {r['rm_drain_s']:.2f}, RSS peak "
                        f"{r['rss_peak_MB']:.0f} MiB" if r["client"] == "rucio-fs async" else "")
                     + " |" for r in rows if r["test"] == "small files"]

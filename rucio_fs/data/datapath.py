@@ -318,11 +318,17 @@ class DataPath:
                 await trio.to_thread.run_sync(disk.vouch, path, version, dict([chosen]))
             return
         count = -(-entry.size // self.config.block_size)
-        missing = [index for index in range(count) if not self._cached(path, version, index)]
+        limit = max(SEAL_MISSING, count // 8)
+        missing = []
+        for index in range(count):
+            if not self._cached(path, version, index):
+                missing.append(index)
+                if len(missing) > limit:
+                    return
         seal = _Seal(path, version, entry.size, checksums)
         if not missing:
             await self._disk_send.send((seal, None, self._marks.get(path)))
-        elif nursery is not None and len(missing) <= max(SEAL_MISSING, count // 8):
+        elif nursery is not None:
             self.handle_users.take(handle)
             start_guarded(nursery, self.stats.events, f"completing {path} on disk",
                           self._complete, seal, entry, handle, missing)
@@ -453,6 +459,8 @@ class ReadStream:
     run: int = 0
     #: The page fetched after a direct sparse read: (offset, bytes).
     next_page: tuple[int, bytes] | None = None
+    #: Bytes the handle was asked for.
+    bytes_read: int = 0
 
     async def read(self, offset: int, size: int) -> bytes:
         block_size = self.data_path.config.block_size
@@ -472,6 +480,7 @@ class ReadStream:
             self.sparse, self.run = True, size
         sequential = not self.sparse
         self.last_end = offset + size
+        self.bytes_read += size
         if self.prefetcher is not None:
             self.prefetcher.on_read(offset, size, sequential)
         kept = self.next_page

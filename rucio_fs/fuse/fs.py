@@ -689,17 +689,26 @@ class RucioFs(pyfuse3.Operations):
         if handle.verifier is not None:
             await self.verification.leave(handle.inode, handle.verifier)
         if handle.dirty is None and self._reads_pass:
-            node = handle.inode
-            version = self.catalog.data_path.version_of(node.path, handle.entry)
-            checksums = dict(handle.entry.checksums) if self.verification.enabled else {}
-            await self.catalog.data_path.offer_whole(
-                node.path, handle.entry, checksums, node.verified_version == version,
-                handle.backend_handle, self.nursery)
+            await self._offer_whole(handle)
         if handle.backend_handle is not None or handle.dirty is None:
             # Pieces fetched ahead with this backend handle may still be on their way.
             backend_handle = handle.backend_handle
             await self.catalog.data_path.handle_users.close(
                 backend_handle, lambda: self.catalog.close(backend_handle))
+
+    async def _offer_whole(self, handle: _FileHandle) -> None:
+        """A reader that read the file whole (its checksum matched, or, without one, the
+        reader was asked for most of it) is done: the disk layer may seal the file for
+        later opens to pass through."""
+        node, entry = handle.inode, handle.entry
+        version = self.catalog.data_path.version_of(node.path, entry)
+        verified = node.verified_version == version
+        stream = handle.stream
+        if not verified and (stream is None or stream.bytes_read * 2 < entry.size):
+            return
+        checksums = dict(entry.checksums) if self.verification.enabled else {}
+        await self.catalog.data_path.offer_whole(node.path, entry, checksums, verified,
+                                                 handle.backend_handle, self.nursery)
 
     async def _release_writer(self, handle: _FileHandle) -> None:
         """The handle's writer is gone: its file is uploaded (sync) or left queued."""
