@@ -272,8 +272,10 @@ MEASURED = {
                                          "stats_off": {"median_s": 0.065},
                                          "overhead": 0.015}},
         [True, False, True, True, True]),
-    "bench_read": ({"cat_4k_cold_20ms_ms": 21.3, "random_4k_fetched_per_asked": 2.5},
-                   [True, False]),
+    "bench_read": ({"cat_4k_cold_20ms_ms": 21.3, "random_4k_fetched_per_asked": 2.5,
+                    "reread_passthrough_GBps": 2.07, "reread_disk_GBps": 2.25,
+                    "reread_daemon_GBps": 0.7},
+                   [True, True, False]),
     "bench_rucio": ({
         "cold_ls_l_10k_s": 0.474, "raw_listing_s": 0.406, "cold_ratio": 1.17,
         "warm_ls_l_10k_s": 0.068, "tmpfs_ls_l_10k_s": 0.071, "warm_ls_10k_s": 0.015,
