@@ -344,6 +344,11 @@ class Backend(ABC):
     async def close(self, handle: Any) -> None:  # noqa: B027 - optional hook
         """Release what ``open`` acquired."""
 
+    def distrust(self, handle: Any) -> None:  # noqa: B027 - optional hook
+        """Bytes read through ``handle`` did not match the catalog's checksum: the read
+        failed, and later reads of that file (through any handle) should come from another
+        copy, where the catalog has one."""
+
     async def xattrs(self, path: str, entry: Entry) -> Mapping[str, bytes]:
         """Extended attributes of ``path`` without the ``user.`` prefix.
 

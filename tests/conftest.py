@@ -193,8 +193,8 @@ def rucio_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RucioServ
     reuse = os.environ.get("RUCIO_FS_TEST_RUCIO_DIR")
     base = Path(reuse) if reuse else tmp_path_factory.mktemp("rucio-server")
     if not reuse:
-        names = ("RUCIO_PORT", "DAV_HTTP", "DAV_HTTPS", "MC_PORT", "AUTH_TLS")
-        ports = {name: str(port) for name, port in zip(names, free_ports(5), strict=True)}
+        names = ("RUCIO_PORT", "DAV_HTTP", "DAV_HTTPS", "MC_PORT", "AUTH_TLS", "XRD_PORT")
+        ports = {name: str(port) for name, port in zip(names, free_ports(6), strict=True)}
         result = subprocess.run(["bash", str(SERVER_SCRIPT), "start", str(base)],
                                 capture_output=True, text=True, timeout=1200,
                                 env={**os.environ, **ports})

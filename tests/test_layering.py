@@ -45,7 +45,7 @@ def test_the_core_never_names_a_backend_and_backends_never_touch_pyfuse3():
 
 #: The core modules a backend (built-in or plugin) may import: the plugin API (docs/plugins.md).
 PLUGIN_API = {"rucio_fs.backend", "rucio_fs.errors", "rucio_fs.http", "rucio_fs.identity",
-              "rucio_fs.kept_file", "rucio_fs.options", "rucio_fs.tasks"}
+              "rucio_fs.kept_file", "rucio_fs.options", "rucio_fs.tasks", "rucio_fs.xroot"}
 
 
 def test_backends_use_only_the_plugin_api():

@@ -127,17 +127,18 @@ def test_a_non_deterministic_rse_is_never_guessed(mount_fs, rucio_server, option
 
 def test_a_fresh_default_mount_guesses_on_the_rses_it_discovers(mount_fs, rucio_server):
     """No option: the mount lists the catalog's RSEs and describes the deterministic disk
-    ones (DAV, DAV2, DEAD; never NONDET). The first read of a never-listed file guesses on
-    all three at once and asks no replica catalog; the verified copy confirms DAV, so the
-    next first read is one storage GET. A cache drop forgets the confirmation."""
+    ones (DAV, DAV2, DEAD and the root:// XRD; never NONDET). The first read of a
+    never-listed file guesses on all four at once and asks no replica catalog; the verified
+    copy confirms DAV, so the next first read is one storage GET. A cache drop forgets the
+    confirmation."""
     m = mount_fs("rucio:///bench?speculate_hedge=30s")
     api, storage = rucio_server.env["ACCESS_LOG"], nginx_log(rucio_server)
     c = counters(m)
-    assert (c["rse_lists"], c["rse_descriptions"]) == (1, 3)
+    assert (c["rse_lists"], c["rse_descriptions"]) == (1, 4)
     first, second, third = (rucio_server.catalog["ds5000"][i] for i in (11, 12, 13))
     assert adler32((m.path / "ds5000" / first["name"]).read_bytes()) == first["adler32"]
     c = counters(m)
-    assert (c["speculative_reads"], c["speculative_hits"]) == (3, 1)
+    assert (c["speculative_reads"], c["speculative_hits"]) == (4, 1)
     assert c.get("replica_requests", 0) == 0
     api_start, storage_start = len(log_lines(api)), len(log_lines(storage))
     assert adler32((m.path / "ds5000" / second["name"]).read_bytes()) == second["adler32"]
@@ -147,7 +148,7 @@ def test_a_fresh_default_mount_guesses_on_the_rses_it_discovers(mount_fs, rucio_
     run_cli("cache", "drop", str(m.path), check=True)
     assert adler32((m.path / "ds5000" / third["name"]).read_bytes()) == third["adler32"]
     c = counters(m)
-    assert (c["speculative_reads"], c.get("replica_requests", 0)) == (3 + 1 + 3, 0)
+    assert (c["speculative_reads"], c.get("replica_requests", 0)) == (4 + 1 + 4, 0)
 
 
 def test_a_discovered_guess_is_still_checked(mount_fs, rucio_server):

@@ -80,6 +80,7 @@ from rucio_fs.http import (
 from rucio_fs.identity import CallerCredentials, caller_source
 from rucio_fs.options import url_option_values
 from rucio_fs.tasks import open_nursery
+from rucio_fs.xroot import RootReader
 
 from .auth import RucioAuth, default_token_file, describe
 from .names import Did, component_for, did_for
@@ -181,6 +182,10 @@ class RucioBackend(Backend):
         #: Guessed reads are tried once: a miss costs the replica lookup, not retries.
         self.guess_reader = RangeReader(context=context, timeout=settings.timeout,
                                         retry=RetryPolicy(attempts=1), threads=4)
+        #: root:// (XRootD) replicas: read through the XRootD client, same contract.
+        self.root_reader = RootReader(timeout=settings.timeout)
+        self.guess_root_reader = RootReader(timeout=settings.timeout,
+                                            retry=RetryPolicy(attempts=1), threads=4)
         self.speculator = Speculator(self.api, settings)
         self.resolver = ReplicaResolver(
             self.api, settings, lambda did, pfns: self.speculator.observe(*did, pfns))
@@ -191,6 +196,8 @@ class RucioBackend(Backend):
             2_000_000, REPLICA_TTL, getsizeof=len)
         #: Replica lookups that missed the cache, per collection (sets the next batch).
         self._misses: TTLCache[Did, int] = TTLCache(10_000, REPLICA_TTL)
+        #: RSEs whose copy of a file failed verification, read last for that file.
+        self._distrusted: TTLCache[Did, frozenset[str]] = TTLCache(10_000, REPLICA_TTL)
         self._caching = True
         self.uploads: Uploads | None = None
         if settings.upload_rse:
@@ -242,6 +249,8 @@ class RucioBackend(Backend):
         await self.api.aclose()
         self.reader.close()
         self.guess_reader.close()
+        self.root_reader.close()
+        self.guess_root_reader.close()
 
     # -- paths and entries -------------------------------------------------------------------
 
@@ -477,7 +486,7 @@ class RucioBackend(Backend):
             index = (handle.preferred + step) % len(replicas)
             replica = replicas[index]
             try:
-                data = await self.reader.read(replica.url, offset, size)
+                data = await self._reader(replica.url).read(replica.url, offset, size)
             except RucioFsError as exc:
                 failures.append(f"{replica.rse}: {exc}")
                 continue
@@ -495,6 +504,12 @@ class RucioBackend(Backend):
 
     async def close(self, handle: _Handle) -> None:
         handle.content = None
+
+    def _reader(self, url: str, guess: bool = False) -> RangeReader | RootReader:
+        """What reads ``url``: the XRootD client for root://, else HTTP (or a local file)."""
+        if url.startswith(("root://", "roots://")):
+            return self.guess_root_reader if guess else self.root_reader
+        return self.guess_reader if guess else self.reader
 
     async def _first_read(self, handle: _Handle) -> bytes | memoryview | None:
         """The whole file read from its guessed PFN while the replica lookup runs (started
@@ -542,7 +557,7 @@ class RucioBackend(Backend):
             url, _ = readable_url(pfn, self.settings)
             counters["speculative_reads"] += 1
             try:
-                data = await self.guess_reader.read(url, 0, handle.entry.size)
+                data = await self._reader(url, guess=True).read(url, 0, handle.entry.size)
             except RucioFsError as exc:
                 counters["speculative_misses"] += 1
                 log.debug("%s: not at its computed PFN on %s (%s)", handle.did, rse, exc)
@@ -628,10 +643,20 @@ class RucioBackend(Backend):
              if did != handle.did and not self.resolver.known(did)), want))
 
     def _ordered(self, handle: _Handle, replicas: list[Replica]) -> list[Replica]:
-        """``replicas`` with those on an RSE whose copy just failed verification last."""
-        if not handle.distrusted:
+        """``replicas`` with those on an RSE whose copy failed verification last."""
+        distrusted = self._distrusted.get(handle.did, frozenset())
+        if not handle.distrusted and not distrusted:
             return replicas
-        return sorted(replicas, key=lambda r: r.rse == handle.distrusted)
+        return sorted(replicas, key=lambda r: r.rse == handle.distrusted or r.rse in distrusted)
+
+    def distrust(self, handle: _Handle) -> None:
+        """The copy the handle read failed verification: read that file elsewhere next."""
+        if handle.replicas:
+            rse = handle.replicas[handle.preferred].rse
+            self._distrusted[handle.did] = self._distrusted.get(handle.did, frozenset()) | {rse}
+            log.warning("%s: the copy on %s does not match the catalog's checksum; reading "
+                        "other copies first", handle.did, rse)
+        handle.replicas, handle.preferred = None, 0
 
     async def xattrs(self, path: str, entry: Entry) -> Mapping[str, bytes]:
         components = self._components(path)
@@ -716,6 +741,7 @@ class RucioBackend(Backend):
         return {
             **{f"api_{k}": v for k, v in self.api.counters.items()},
             **{f"storage_{k}": v for k, v in self.reader.counters.items()},
+            **{f"xroot_{k}": v for k, v in self.root_reader.counters.items()},
             **self.speculator.counters,
             "replica_requests": self.resolver.requests,
             "replica_shared_hits": self.resolver.shared_hits,

@@ -117,6 +117,8 @@ def pfn_url(pfn: str) -> str:
     """The URL a PFN is read and written at: ``davs``/``dav`` are WebDAV over https/http, and
     PFNs are literal (a name's space or ``%`` is not encoded in them), so the URL is
     encoded here."""
+    if pfn.startswith(("root://", "roots://")):
+        return pfn  # XRootD takes the path as it is
     if pfn.startswith("davs://"):
         pfn = "https://" + pfn[len("davs://"):]
     elif pfn.startswith("dav://"):

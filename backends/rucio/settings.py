@@ -13,9 +13,9 @@ mount URL overrides both::
 
 URL options: ``config`` (a rucio.cfg path), ``auth`` (userpass, x509, x509_proxy, token),
 ``api`` (``http`` to talk plain http to a host named in the URL; https otherwise),
-``schemes`` (PFN schemes in order of preference, default ``https,davs,http,file``), ``rses``
-(RSEs in order of preference), ``local`` (``PFN-prefix=directory``: read PFNs under the prefix
-from a local mount of that RSE), ``redirect`` (``PFN-prefix=URL-prefix``: read them through
+``schemes`` (PFN schemes in order of preference, default ``https,davs,http,root,roots,file``),
+``rses`` (RSEs in order of preference), ``local`` (``PFN-prefix=directory``: read PFNs under the
+prefix from a local mount of that RSE), ``redirect`` (``PFN-prefix=URL-prefix``: read them through
 another endpoint, e.g. a caching proxy), ``timeout`` (per request stall limit, default 30 s).
 
 First reads (see :mod:`.speculation`): ``speculate`` (``auto``, ``off`` or RSEs to read small
@@ -43,7 +43,7 @@ from rucio_fs.identity import Source, own_source
 from rucio_fs.options import parse_duration, parse_size, url_option_values
 
 AUTH_TYPES = ("userpass", "x509", "x509_proxy", "token")
-READABLE_SCHEMES = ("https", "davs", "http", "dav", "file")
+READABLE_SCHEMES = ("https", "davs", "http", "dav", "root", "roots", "file")
 #: DIDs per ``POST /replicas/list`` (the server refuses more).
 MAX_DIDS_PER_REQUEST = 1000
 OPTIONS = ("config", "auth", "api", "schemes", "rses", "local", "redirect", "timeout",
@@ -67,7 +67,7 @@ class RucioSettings:
     token_file: str = ""
     ca_cert: str = ""
     root: tuple[str, ...] = ()
-    schemes: tuple[str, ...] = ("https", "davs", "http", "file")
+    schemes: tuple[str, ...] = ("https", "davs", "http", "root", "roots", "file")
     rses: tuple[str, ...] = ()
     local: tuple[tuple[str, str], ...] = ()
     redirect: tuple[tuple[str, str], ...] = ()
@@ -169,7 +169,8 @@ def load_settings(url: str, source: Source | None = None) -> RucioSettings:
         raise InvalidInput(f"unsupported Rucio auth_type {auth_type!r} "
                            f"(supported: {', '.join(AUTH_TYPES)}, oidc via its token)")
 
-    schemes = tuple(s for s in (option("schemes") or "https,davs,http,file").split(",") if s)
+    schemes = tuple(s for s in (option("schemes") or "https,davs,http,root,roots,file")
+                    .split(",") if s)
     unknown = [s for s in schemes if s not in READABLE_SCHEMES]
     if unknown or not schemes:
         raise InvalidInput(f"unreadable PFN scheme(s) {unknown or schemes}: "

@@ -597,6 +597,10 @@ class Catalog:
     async def close(self, handle: Any) -> None:
         await self.calls.timed("close", lambda: self.backend.close(handle))
 
+    def distrust(self, handle: Any) -> None:
+        """What was read through ``handle`` failed verification (:meth:`Backend.distrust`)."""
+        self.backend.distrust(handle)
+
     async def xattrs(self, path: str, entry: Entry) -> dict[str, bytes]:
         """The extended attributes of ``path`` as ``entry``: asked once per version and kept
         in the metadata layer (``getfattr -d`` asks for every name in turn)."""

@@ -104,8 +104,10 @@ class StreamVerifier:
     def takes_readers(self) -> bool:
         """Whether a new reader may feed this verifier: its pass is still open, or complete
         (the verdict is coming). Not once it is closing on an incomplete pass: that reader's
-        bytes would be handed out unverified."""
-        if self.state == "abandoned":
+        bytes would be handed out unverified; nor once it mismatched: a new open reads the
+        file again, from another copy where the catalog has one, in a pass of its own (the
+        handles that read the failed pass may not have been released yet)."""
+        if self.state in ("abandoned", "mismatch"):
             return False
         return not self._closing or self.hashed >= self.size
 
@@ -116,11 +118,16 @@ class StreamVerifier:
         await self._send.aclose()
         await self._done.wait()
 
-    async def feed(self, offset: int, data: bytes) -> None:
-        """Account for ``data`` read at ``offset``; IntegrityError once the pass mismatched
-        (and on every later read of this handle: the kernel retries a failed read-ahead)."""
+    def check(self) -> None:
+        """IntegrityError if the pass mismatched: every later read of a handle feeding it
+        fails so (the kernel retries a failed read-ahead), with nothing read for it."""
         if self.state == "mismatch":
             raise IntegrityError(self._mismatch)
+
+    async def feed(self, offset: int, data: bytes) -> None:
+        """Account for ``data`` read at ``offset``; IntegrityError once the pass mismatched
+        (see :meth:`check`)."""
+        self.check()
         if self._closing:  # the pass is complete: re-reads wait for its verdict
             await self._done.wait()
             if self.state == "mismatch":

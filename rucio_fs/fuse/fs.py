@@ -633,9 +633,11 @@ class RucioFs(pyfuse3.Operations):
         if handle.dirty is not None:
             return await self._read_dirty(handle, off, size)
         assert handle.stream is not None
+        verifier = handle.verifier
+        if verifier is not None:
+            verifier.check()  # a failed pass: nothing more is read for it
         data = await handle.stream.read(off, size)
         self.stats.fuse_op("read").bytes += len(data)
-        verifier = handle.verifier
         if verifier is not None:
             def read_again(offset: int, size: int) -> Awaitable[bytes | memoryview]:
                 return self.catalog.data_path.read(handle.inode.path, handle.entry,
@@ -644,7 +646,10 @@ class RucioFs(pyfuse3.Operations):
             try:
                 await self.verification.feed(handle.inode, verifier, off, data, read_again)
             except IntegrityError:
-                # Neither our blocks nor the kernel's pages of this file may be served again.
+                # Neither our blocks nor the kernel's pages of this file may be served again,
+                # and the next reads come from another copy where there is one (this read's
+                # bytes completed the pass, or its copy was read in it).
+                (handle.catalog or self.catalog).distrust(handle.backend_handle)
                 self.catalog.data_path.discard(handle.inode.path, handle.entry)
                 handle.inode.cached_version = INVALID
                 self._forget_pages(handle.inode)

@@ -15,6 +15,10 @@ Files are written straight under the nginx WebDAV root at the path of Rucio's de
     loose.dat                     a file attached to nothing (a top-level DID of the scope)
     longnames                     names of 250 characters, one with "/"s in it (its path
                                   component is longer than 255 bytes)
+    xrd                           files whose only replica is on RSE XRD (root://): 20 of
+                                  4 KiB, one of 20 MiB and xrd-sparse.dat (4 GiB + 1 MiB of
+                                  zeros but for a mark past 4 GiB); xrd-damaged.dat, whose
+                                  XRD copy is damaged and whose DAV copy is sound
 
 Also writes ``<base>/catalog.json``: every dataset's files with sizes and checksums, what the
 tests compare the mount against.
@@ -38,13 +42,17 @@ BATCH = 500  # SQLite rejects add_replicas of 999 or more files
 BIG_SIZE = 4_509_715_660
 
 
-def pfn_path(base: str, scope: str, name: str, prefix: str = "rucio") -> str:
+def pfn_path(base: str, scope: str, name: str, prefix: str = "rucio",
+             webdav: str = "webdav") -> str:
+    """Where the file is, below the WebDAV root in ``base`` (``webdav=""``: below ``base``)."""
     digest = hashlib.md5(f"{scope}:{name}".encode()).hexdigest()
-    return f"{base}/webdav/{prefix}/{scope}/{digest[0:2]}/{digest[2:4]}/{name}"
+    root = f"{base}/{webdav}" if webdav else base
+    return f"{root}/{prefix}/{scope}/{digest[0:2]}/{digest[2:4]}/{name}"
 
 
-def put_file(base: str, scope: str, name: str, data: bytes, prefix: str = "rucio") -> dict:
-    path = pfn_path(base, scope, name, prefix)
+def put_file(base: str, scope: str, name: str, data: bytes, prefix: str = "rucio",
+             webdav: str = "webdav") -> dict:
+    path = pfn_path(base, scope, name, prefix, webdav)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "wb") as f:
         f.write(data)
@@ -105,6 +113,60 @@ def add_storage(client: Client, rse: str, prefix: str, http: int, https: int,
                                   "impl": "rucio.rse.protocols.webdav.NoRename",
                                   "domains": domains})
     client.set_local_account_limit("root", rse, -1)
+
+
+def xrootd_files(client: Client, base: str, root: str, host: str, port: int) -> list[dict]:
+    """RSE ``XRD`` (root:// on the test xrootd, deterministic, ``hash`` layout under
+    ``//rucio/``) and dataset ``bench:xrd`` (see the module's docstring)."""
+    domains = {"lan": {"read": 1, "write": 1, "delete": 1},
+               "wan": {"read": 1, "write": 1, "delete": 1,
+                       "third_party_copy_read": 1, "third_party_copy_write": 1}}
+    client.add_rse("XRD")
+    client.add_protocol("XRD", {"scheme": "root", "hostname": host, "port": port,
+                                "prefix": "//rucio/", "impl": "rucio.rse.protocols.xrootd.Default",
+                                "domains": domains})
+    client.set_local_account_limit("root", "XRD", -1)
+    rng = __import__("random").Random("xrd")
+    files = [put_file(root, "bench", f"xrd.f{i:06d}.dat", rng.randbytes(SMALL), webdav="")
+             for i in range(20)]
+    files.append(put_file(root, "bench", "xrd-big.dat", rng.randbytes(20 << 20), webdav=""))
+    add_replicas(client, "XRD", files)
+    sound = rng.randbytes(SMALL)
+    damaged = put_file(root, "bench", "xrd-damaged.dat", sound, webdav="")
+    with open(pfn_path(root, "bench", "xrd-damaged.dat", webdav=""), "r+b") as f:
+        f.seek(100)
+        f.write(b"\0" * 8)  # same size, other bytes: only the checksum tells
+    put_file(base, "bench", "xrd-damaged.dat", sound)
+    add_replicas(client, "XRD", [damaged])
+    add_replicas(client, "DAV", [damaged])
+    sparse = sparse_file(root, "bench", "xrd-sparse.dat")
+    add_replicas(client, "XRD", [sparse])
+    make_dataset(client, "bench", "xrd", [*files, damaged, sparse])
+    return [*files, damaged, sparse]
+
+
+#: A file past 4 GiB (sizes that overflow 32 bits) that takes no space: zeros, with
+#: ``SPARSE_MARK`` at ``SPARSE_MARK_AT``, past 4 GiB.
+SPARSE_SIZE = (4 << 30) + (1 << 20)
+SPARSE_MARK = b"past 4 GiB"
+SPARSE_MARK_AT = (4 << 30) + 12345
+
+
+def sparse_file(root: str, scope: str, name: str) -> dict:
+    path = pfn_path(root, scope, name, webdav="")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(SPARSE_SIZE)
+        f.seek(SPARSE_MARK_AT)
+        f.write(SPARSE_MARK)
+    zeros, adler, done = bytes(64 << 20), 1, 0
+    while done < SPARSE_MARK_AT:
+        step = min(len(zeros), SPARSE_MARK_AT - done)
+        adler = zlib.adler32(memoryview(zeros)[:step], adler)
+        done += step
+    adler = zlib.adler32(SPARSE_MARK, adler)
+    adler = zlib.adler32(bytes(SPARSE_SIZE - SPARSE_MARK_AT - len(SPARSE_MARK)), adler)
+    return {"scope": scope, "name": name, "bytes": SPARSE_SIZE, "adler32": f"{adler:08x}"}
 
 
 def first_reads(client: Client, base: str, http: int, https: int) -> list[dict]:
@@ -177,6 +239,9 @@ def main() -> None:
     ap.add_argument("--rucio", required=True, help="the rucio CLI")
     ap.add_argument("--big-writer", required=True, help="a python with rucio_fs installed")
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--xrd-host", required=True)
+    ap.add_argument("--xrd-port", type=int, required=True)
+    ap.add_argument("--xrd-root", required=True, help="the xrootd storage's local root")
     args = ap.parse_args()
     base, t0 = args.base, time.monotonic()
 
@@ -271,6 +336,8 @@ def main() -> None:
     lap("faults, loose file, upload")
     catalog["guess"] = first_reads(client, base, args.dav_http, args.dav_https)
     lap("first reads")
+    catalog["xrd"] = xrootd_files(client, base, args.xrd_root, args.xrd_host, args.xrd_port)
+    lap("xrootd files")
 
     with open(os.path.join(base, "catalog.json"), "w") as f:
         json.dump(catalog, f)
