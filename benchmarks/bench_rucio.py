@@ -93,6 +93,20 @@ def goals(r: dict, peer: bool) -> list[Goal]:
             f"{http['peak_rss_mb']:.0f} MB", f"curl {http['curl_MBps']:.0f} MB/s",
             http["mount_MBps"] / http["curl_MBps"], "≥ 600 MB/s",
             at_least(http["mount_MBps"], 600))]
+    root, https = r["big_root"], r["big_https"]
+    rows += [
+        row("4.2 GB file over root://, verified", f"{root['mount_MBps']:.0f} MB/s, peak RSS "
+            f"{root['peak_rss_mb']:.0f} MB", f"xrdcp {root['xrdcp_MBps']:.0f} MB/s",
+            root["mount_MBps"] / root["xrdcp_MBps"], "≥ 1.0x xrdcp",
+            at_least(root["mount_MBps"] / root["xrdcp_MBps"], 1.0)),
+        row("4.2 GB file over root:// beside https", f"{root['mount_MBps']:.0f} MB/s",
+            f"https {https['mount_MBps']:.0f} MB/s", root["mount_MBps"] / https["mount_MBps"],
+            "≥ 1.0x https", at_least(root["mount_MBps"] / https["mount_MBps"], 1.0)),
+        row("4.2 GB file over root://: daemon memory", f"{root['peak_rss_mb']:.0f} MB", "",
+            None, "≤ 300 MB", at_most(root["peak_rss_mb"], 300)),
+        row("`cat` 4 KiB cold, only copy on root://", f"{r['cat_cold_root_ms']:.1f} ms",
+            f"https {r['cat_cold_ms']:.1f} ms", r["cat_cold_root_ms"] / r["cat_cold_ms"],
+            "≤ 1.0x https", at_most(r["cat_cold_root_ms"] / r["cat_cold_ms"], 1.0))]
     if peer:
         rclone = r.get("rclone_http_MBps")
         ratio = None if rclone is None else http["mount_MBps"] / rclone
@@ -173,6 +187,32 @@ def main() -> int:
                     "mount_MBps": BIG_SIZE / 1e6 / min(copies),
                     "peak_rss_mb": peak_rss_mb(pid),
                     "verified": big.stats()["events"].get("checksum_verified", 0)}
+            # root:// (XRootD): the same 4.2 GB file, and 4 KiB files whose only copy is there
+            xrd_rel = next((Path(env["XRD_ROOT"]) / "rucio" / "bench").rglob(BIG)).relative_to(
+                env["XRD_ROOT"])
+            xrd_url = f"{env['XRD_URL']}//{xrd_rel}"
+            xrdcp = [timed(["xrdcp", "-s", "-f", xrd_url, "/dev/null"]) for _ in range(2)]
+            big = Mount(root, "rucio:///bench/big?schemes=root")
+            mounts.append(big)
+            pid = big.stats()["pid"]
+            copies = []
+            for _ in range(2):
+                big.drop(settle=0)
+                copies.append(timed(["cat", str(big.path / BIG)]))
+            results["big_root"] = {
+                "xrdcp_MBps": BIG_SIZE / 1e6 / min(xrdcp),
+                "mount_MBps": BIG_SIZE / 1e6 / min(copies),
+                "peak_rss_mb": peak_rss_mb(pid),
+                "verified": big.stats()["events"].get("checksum_verified", 0)}
+            xrd_small = [f for f in json.loads((server / "catalog.json").read_text())["xrd"]
+                         if f["name"].startswith("xrd.f")]
+            cold_root = []
+            m_root = Mount(root, "rucio:///bench/xrd")
+            mounts.append(m_root)
+            for f in xrd_small[:args.repeat]:
+                m_root.drop(settle=0)
+                cold_root.append(read_whole(m_root.path / f["name"]))
+            results["cat_cold_root_ms"] = 1000 * median(cold_root)
             if args.peer and shutil.which("rclone"):
                 with rclone_http_mount(root, f"http://127.0.0.1:{env['DAV_HTTP']}/",
                                        str(big_rel)) as peer:
@@ -202,6 +242,11 @@ def main() -> int:
         print(f"| 4.2 GB over {scheme} | {b['mount_MBps']:.0f} MB/s, RSS "
               f"{b['peak_rss_mb']:.0f} MB | curl {b['curl_MBps']:.0f} MB/s | 205 MB copied "
               f"| ≥ 600 MB/s (http) |")
+    b = r["big_root"]
+    print(f"| 4.2 GB over root:// | {b['mount_MBps']:.0f} MB/s, RSS {b['peak_rss_mb']:.0f} MB "
+          f"| xrdcp {b['xrdcp_MBps']:.0f} MB/s | | ≥ 1.0x xrdcp and https |")
+    print(f"| `cat` 4 KiB cold, root:// only | {r['cat_cold_root_ms']:.1f} ms | https "
+          f"{r['cat_cold_ms']:.1f} ms | | ≤ https |")
     if "rclone_http_MBps" in r:
         print(f"| peer: rclone mount http | {r['rclone_http_MBps']:.0f} MB/s | | | |")
     return 0

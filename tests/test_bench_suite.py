@@ -281,8 +281,11 @@ MEASURED = {
         "warm_ls_l_10k_s": 0.068, "tmpfs_ls_l_10k_s": 0.071, "warm_ls_10k_s": 0.015,
         "tmpfs_ls_10k_s": 0.009, "cat_cold_ms": 89.0, "replica_request_ms": 70.0,
         "storage_get_ms": 4.0, "cat_warm_ms": 0.3,
-        "big_http": {"mount_MBps": 950.0, "curl_MBps": 2400.0, "peak_rss_mb": 263.0}},
-        [True, False, True, False, True, True, None]),
+        "big_http": {"mount_MBps": 950.0, "curl_MBps": 2400.0, "peak_rss_mb": 263.0},
+        "big_https": {"mount_MBps": 800.0, "curl_MBps": 1900.0, "peak_rss_mb": 263.0},
+        "big_root": {"mount_MBps": 900.0, "xrdcp_MBps": 850.0, "peak_rss_mb": 320.0},
+        "cat_cold_root_ms": 95.0},
+        [True, False, True, False, True, True, True, True, False, False, None]),
     "bench_rucio_write": ({
         "files": 1000, "size": 4096, "big_bytes": 4_000_000_000, "small_cli_s": 271.2,
         "small_sync_s": 281.8, "small_async_s": 13.0, "big_cli_s": 24.7, "big_sync_s": 20.8,

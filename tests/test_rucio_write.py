@@ -83,8 +83,9 @@ class Catalog:
 
 
 def stored_bytes(server, pfn: str) -> bytes | None:
-    """What the WebDAV storage holds at ``pfn`` (read from its directory)."""
-    path = Path(server.env["DAV_ROOT"]) / urlsplit(pfn).path.lstrip("/")
+    """What the WebDAV or XRootD storage holds at ``pfn`` (read from its directory)."""
+    root = server.env["XRD_ROOT"] if pfn.startswith("root://") else server.env["DAV_ROOT"]
+    path = Path(root) / urlsplit(pfn).path.lstrip("/")
     return path.read_bytes() if path.is_file() else None
 
 

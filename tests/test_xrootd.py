@@ -5,7 +5,8 @@ The promises: a file whose only replica is root:// lists and reads as the catalo
 byte for byte (verified against its checksum), also past 4 GiB; a storage that dies mid-read
 fails the read with EIO in bounded time, never a short read, and serves again once it is
 back; a root:// copy that does not match the catalog's checksum fails that read, and the
-file's next reads come from its other copy.
+file's next reads come from its other copy. A file written into a mount whose upload RSE is
+written over root:// is stored there as ``rucio upload`` stores it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 
 import pytest
 from conftest import adler32, wait_for
+from test_rucio_write import ASYNC, SYNC, Catalog, cli, consistent, drained, unique, writer
 
 SPARSE_SIZE = (4 << 30) + (1 << 20)
 SPARSE_MARK, SPARSE_MARK_AT = b"past 4 GiB", (4 << 30) + 12345
@@ -116,3 +118,31 @@ def test_a_first_read_guessed_on_a_root_rse_is_served_from_it(mount_fs, rucio_se
     for name in names[:5]:
         assert adler32((mnt.path / name).read_bytes()) == files[name]["adler32"]
     assert _counters(mnt)["speculative_hits"] >= 1
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_files_written_to_a_root_rse_are_what_rucio_upload_makes(mount_fs, rucio_server,
+                                                                 tmp_path, mode):
+    """A small file (one write) and a streamed one, into a new dataset on XRD: each
+    AVAILABLE there with its bytes at its PFN and attached; the real CLI downloads them
+    (over root://, with xrdcp) byte for byte."""
+    m = writer(mount_fs, tmp_path, "rucio:///bench?upload_rse=XRD",
+               *(ASYNC if mode == "async" else SYNC))
+    dataset = unique(f"xrd-written-{mode}")
+    files = {f"{dataset}.small.dat": os.urandom(5000),
+             f"{dataset}.streamed.dat": os.urandom(20 << 20)}
+    os.mkdir(m.path / dataset)
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        subprocess.run(["cp", str(tmp_path / name), str(m.path / dataset / name)], check=True)
+    if mode == "async":
+        drained(m)
+    catalog = Catalog(rucio_server)
+    for name, data in files.items():
+        assert consistent(rucio_server, catalog, "bench", name, dataset, "XRD",
+                          data) == "stored"
+    assert "XRD: root://" in cli(rucio_server, "list-file-replicas", f"bench:{dataset}")
+    download = tmp_path / "download"
+    cli(rucio_server, "download", "--dir", str(download), f"bench:{dataset}")
+    for name, data in files.items():
+        assert (download / dataset / name).read_bytes() == data

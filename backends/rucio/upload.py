@@ -70,6 +70,7 @@ from rucio_fs.errors import (
     Unconfirmed,
 )
 from rucio_fs.http import ApiClient, StreamedPut
+from rucio_fs.xroot import RootStorage, RootWriter, is_root
 
 from .layout import pfn_url
 from .names import Did
@@ -149,6 +150,8 @@ class Uploads:
         self.context = context
         self.mtime_ns = mtime_ns
         self._storage: dict[str, ApiClient] = {}
+        #: root:// storage (an RSE whose write protocol is XRootD).
+        self.root = RootStorage(settings.timeout)
         #: Files whose replica an upload just read back AVAILABLE (DID -> adler32): their
         #: ``confirm`` reads back only the attachment.
         self._available: TTLCache[Did, str] = TTLCache(100_000, VERIFIED_TTL)
@@ -177,9 +180,12 @@ class Uploads:
         adler32, md5 = await trio.to_thread.run_sync(_checksums, data)
         final = await self._pfn(target.did)
         temp = _temporary(final, md5[:8])
-        client, path = self._client(temp)
-        await client.request("PUT", path, content=data, expect=(200, 201, 204),
-                             what=f"upload of {target.did} to {self.rse}")
+        if is_root(temp):
+            await trio.to_thread.run_sync(self.root.put, temp, data, abandon_on_cancel=True)
+        else:
+            client, path = self._client(temp)
+            await client.request("PUT", path, content=data, expect=(200, 201, 204),
+                                 what=f"upload of {target.did} to {self.rse}")
         return await self._register(target, name, temp, final, len(data), adler32, md5)
 
     async def begin(self, target: DidPath, name: str) -> Upload:
@@ -188,8 +194,13 @@ class Uploads:
             await self.check_open(target.parent)
         final = await self._pfn(target.did)
         temp = _temporary(final, secrets.token_hex(4))
-        put = StreamedPut(pfn_url(temp), context=self.context,
-                          timeout=self.settings.timeout)
+        put: StreamedPut | _RootPut
+        if is_root(temp):
+            put = _RootPut(await trio.to_thread.run_sync(self.root.writer, temp,
+                                                         abandon_on_cancel=True))
+        else:
+            put = StreamedPut(pfn_url(temp), context=self.context,
+                              timeout=self.settings.timeout)
         return _StreamedUpload(self, target, name, final, temp, put)
 
     async def confirm(self, target: DidPath, expected: Entry) -> Entry:
@@ -413,10 +424,10 @@ class Uploads:
             pfn = answer.get(lfn) if isinstance(answer, dict) else None
             if not isinstance(pfn, str) or not pfn:
                 found[did] = Unavailable(f"{self.rse} gave no storage path for {did}")
-            elif urlsplit(pfn_url(pfn)).scheme not in ("http", "https"):
+            elif urlsplit(pfn_url(pfn)).scheme not in ("http", "https") and not is_root(pfn):
                 found[did] = NotPermitted(f"{self.rse} is written over "
                                           f"{pfn.partition(':')[0]}://, which this mount "
-                                          "cannot write (davs, https and http can)")
+                                          "cannot write (davs, https, http and root can)")
             else:
                 found[did] = pfn
         return found
@@ -437,6 +448,16 @@ class Uploads:
         """``temp`` renamed to ``final`` on the storage, then ``final`` checked to hold
         ``size`` bytes. A retried MOVE whose first try did it finds no ``temp``: the check
         says whether it was done."""
+        if is_root(temp):
+            with contextlib.suppress(NotFound):
+                await trio.to_thread.run_sync(self.root.move, temp, final)
+            try:
+                stored = await trio.to_thread.run_sync(self.root.size, final)
+            except NotFound:
+                raise Unavailable(f"{final}: not on the storage after its upload") from None
+            if stored != size:
+                raise IntegrityError(f"{final}: the storage holds {stored} bytes, not {size}")
+            return
         client, path = self._client(temp)
         with contextlib.suppress(NotFound):
             await client.request("MOVE", path, expect=(201, 204),
@@ -454,9 +475,13 @@ class Uploads:
 
     async def _discard(self, temp: str) -> None:
         """Remove an upload's temporary copy (best effort: a leftover is dark data)."""
-        client, path = self._client(temp)
         try:
-            await client.request("DELETE", path, expect=(200, 204), what=f"removal of {temp}")
+            if is_root(temp):
+                await trio.to_thread.run_sync(self.root.remove, temp)
+            else:
+                client, path = self._client(temp)
+                await client.request("DELETE", path, expect=(200, 204),
+                                     what=f"removal of {temp}")
         except NotFound:
             pass
         except RucioFsError as exc:
@@ -504,7 +529,7 @@ class _StreamedUpload(Upload):
     backend's ``upload_parallelism`` is 1), its checksums computed as it passes."""
 
     def __init__(self, uploads: Uploads, target: DidPath, name: str, final: str, temp: str,
-                 put: StreamedPut) -> None:
+                 put: StreamedPut | _RootPut) -> None:
         self.uploads = uploads
         self.target = target
         self.name = name
@@ -547,6 +572,23 @@ class _StreamedUpload(Upload):
         self.put.abort()
         if self.finished:
             await self.uploads._discard(self.temp)
+
+
+class _RootPut:
+    """A streamed body to root:// storage, with :class:`~rucio_fs.http.StreamedPut`'s face."""
+
+    def __init__(self, writer: RootWriter) -> None:
+        self.writer = writer
+
+    def send_blocking(self, data: bytes) -> None:
+        self.writer.send_blocking(data)
+
+    async def finish(self) -> int:
+        await trio.to_thread.run_sync(self.writer.finish_blocking, abandon_on_cancel=True)
+        return 201
+
+    def abort(self) -> None:
+        self.writer.abort()
 
 
 class _File:

@@ -9,6 +9,7 @@ Files are written straight under the nginx WebDAV root at the path of Rucio's de
     cont                          container: ds500, ds1000 and other:ds-other (another scope)
     slashes                       files whose names contain "/" ("dir/sub/file1.dat", ...)
     big                           frame-4509715660.gwf, the demo catalog's generated big file
+                                  (on DAV, and on XRD: the same bytes)
     faults                        short.dat (catalog says more bytes than storage has),
                                   fallback.dat (first replica on a dead RSE), dead.dat (only there)
     uploaded                      one file uploaded with the rucio CLI
@@ -337,6 +338,11 @@ def main() -> None:
     catalog["guess"] = first_reads(client, base, args.dav_http, args.dav_https)
     lap("first reads")
     catalog["xrd"] = xrootd_files(client, base, args.xrd_root, args.xrd_host, args.xrd_port)
+    # The big file on XRD too (the same bytes, linked): root:// and https reads side by side.
+    linked = pfn_path(args.xrd_root, "bench", big["name"], webdav="")
+    os.makedirs(os.path.dirname(linked), exist_ok=True)
+    os.link(pfn_path(base, "bench", big["name"]), linked)
+    add_replicas(client, "XRD", [big])
     lap("xrootd files")
 
     with open(os.path.join(base, "catalog.json"), "w") as f:
