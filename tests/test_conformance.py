@@ -202,6 +202,21 @@ class TestRucio(BackendConformance, BigFileConformance, CutListingConformance,
         return f"rucio://127.0.0.1:{free_ports(1)[0]}/bench?api=http&timeout=2"
 
 
+class TestRucioRoot(TestRucio):
+    """The same catalog read over root:// only (RSE XRD)."""
+
+    @pytest.fixture
+    def url(self, rucio_server) -> str:
+        return "rucio:///bench?schemes=root"
+
+    @pytest.fixture
+    def sample(self, rucio_server) -> Sample:
+        files = {f["name"]: SampleFile(f["bytes"], f["md5"])
+                 for f in rucio_server.catalog["xrd"] if f["name"].startswith("xrd.f")
+                 or f["name"] == "xrd-big.dat"}
+        return Sample("/xrdonly", files)
+
+
 class TestRucioWritable(WritableConformance):
     """Writing into Rucio (``upload_rse``), a write-once catalog: each test in a scope of
     its own, as file names are the scope's for ever."""
@@ -216,3 +231,14 @@ class TestRucioWritable(WritableConformance):
     @pytest.fixture
     def secrets(self) -> list[str]:
         return ["secret"]
+
+
+class TestRucioRootWritable(TestRucioWritable):
+    """Writing into Rucio on an RSE written over root:// (XRD)."""
+
+    @pytest.fixture
+    def url(self, rucio_server) -> str:
+        scope = f"conf{uuid.uuid4().hex[:12]}"
+        with rucio_server.admin() as admin:
+            admin.post(f"/scopes/root/{scope}").raise_for_status()
+        return f"rucio:///{scope}?upload_rse=XRD&schemes=root"

@@ -20,6 +20,7 @@ Files are written straight under the nginx WebDAV root at the path of Rucio's de
                                   4 KiB, one of 20 MiB and xrd-sparse.dat (4 GiB + 1 MiB of
                                   zeros but for a mark past 4 GiB); xrd-damaged.dat, whose
                                   XRD copy is damaged and whose DAV copy is sound
+    xrdonly                       the 4 KiB and 20 MiB files of xrd
 
 Also writes ``<base>/catalog.json``: every dataset's files with sizes and checksums, what the
 tests compare the mount against.
@@ -143,6 +144,7 @@ def xrootd_files(client: Client, base: str, root: str, host: str, port: int) -> 
     sparse = sparse_file(root, "bench", "xrd-sparse.dat")
     add_replicas(client, "XRD", [sparse])
     make_dataset(client, "bench", "xrd", [*files, damaged, sparse])
+    make_dataset(client, "bench", "xrdonly", files)  # the sound ones: conformance's sample
     return [*files, damaged, sparse]
 
 
