@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -55,13 +56,15 @@ _client: Any = None
 _client_lock = threading.Lock()
 
 
-def bindings(timeout: float) -> Any:
-    """``XRootD.client``, its settings bounded by ``timeout`` before its first use;
-    Unavailable when the package is missing."""
+def bindings(timeout: float, credentials: Mapping[str, str] | None = None) -> Any:
+    """``XRootD.client``, its settings bounded by ``timeout`` and ``credentials`` (e.g.
+    ``X509_USER_PROXY``: the proxy the catalog's login uses) put in the environment before
+    its first use (what is set there already wins; the daemon's one client has one set of
+    them); Unavailable when the package is missing."""
     global _client
     with _client_lock:
         if _client is None:
-            for name, value in _bounds(timeout).items():
+            for name, value in {**_bounds(timeout), **(credentials or {})}.items():
                 os.environ.setdefault(name, value)
             try:
                 from XRootD import client
@@ -76,8 +79,10 @@ class RootReader:
     """Ranged reads of root:// URLs (see the module's contract)."""
 
     def __init__(self, *, timeout: float = 30.0, retry: RetryPolicy | None = None,
-                 threads: int = RANGE_THREADS) -> None:
+                 threads: int = RANGE_THREADS,
+                 credentials: Mapping[str, str] | None = None) -> None:
         self.timeout = timeout
+        self.credentials = dict(credentials or {})
         self.retry = retry or RetryPolicy()
         self.counters: Counter[str] = Counter()
         self._idle: OrderedDict[str, list[Any]] = OrderedDict()  # url -> open, unread now
@@ -90,7 +95,7 @@ class RootReader:
                                              limiter=self._limiter, abandon_on_cancel=True)
 
     def read_blocking(self, url: str, offset: int, size: int) -> bytes:
-        client = bindings(self.timeout)
+        client = bindings(self.timeout, self.credentials)
         seconds = max(1, math.ceil(self.timeout))
         failure = ""
         for delay in [0.0, *self.retry.delays()]:
@@ -161,8 +166,10 @@ class RootStorage:
     repeats its steps); a failure raises :class:`~rucio_fs.errors.Unavailable`
     (:class:`~rucio_fs.errors.NotFound` for a missing file)."""
 
-    def __init__(self, timeout: float = 30.0) -> None:
+    def __init__(self, timeout: float = 30.0,
+                 credentials: Mapping[str, str] | None = None) -> None:
         self.timeout = timeout
+        self.credentials = dict(credentials or {})
         self.seconds = max(1, math.ceil(timeout))
 
     def _check(self, url: str, what: str, status: Any) -> None:
@@ -175,13 +182,13 @@ class RootStorage:
         raise Unavailable(f"{what} {url}: {str(status.message).strip()}")
 
     def _filesystem(self, url: str) -> tuple[Any, str]:
-        client = bindings(self.timeout)
+        client = bindings(self.timeout, self.credentials)
         parsed = client.URL(url)
         return client.FileSystem(f"{parsed.protocol}://{parsed.hostid}"), parsed.path
 
     def writer(self, url: str) -> RootWriter:
         """``url`` created (replaced if there, directories made), open for writing."""
-        client = bindings(self.timeout)
+        client = bindings(self.timeout, self.credentials)
         from XRootD.client.flags import AccessMode, OpenFlags
 
         file = client.File()

@@ -183,9 +183,12 @@ class RucioBackend(Backend):
         self.guess_reader = RangeReader(context=context, timeout=settings.timeout,
                                         retry=RetryPolicy(attempts=1), threads=4)
         #: root:// (XRootD) replicas: read through the XRootD client, same contract.
-        self.root_reader = RootReader(timeout=settings.timeout)
-        self.guess_root_reader = RootReader(timeout=settings.timeout,
-                                            retry=RetryPolicy(attempts=1), threads=4)
+        root_credentials = {"X509_USER_PROXY": settings.client_proxy} \
+            if settings.client_proxy else {}
+        self.root_reader = RootReader(timeout=settings.timeout, credentials=root_credentials)
+        self.guess_root_reader = RootReader(timeout=settings.timeout, threads=4,
+                                            retry=RetryPolicy(attempts=1),
+                                            credentials=root_credentials)
         self.speculator = Speculator(self.api, settings)
         self.resolver = ReplicaResolver(
             self.api, settings, lambda did, pfns: self.speculator.observe(*did, pfns))

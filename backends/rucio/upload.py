@@ -151,7 +151,8 @@ class Uploads:
         self.mtime_ns = mtime_ns
         self._storage: dict[str, ApiClient] = {}
         #: root:// storage (an RSE whose write protocol is XRootD).
-        self.root = RootStorage(settings.timeout)
+        self.root = RootStorage(settings.timeout, {"X509_USER_PROXY": settings.client_proxy}
+                                if settings.client_proxy else None)
         #: Files whose replica an upload just read back AVAILABLE (DID -> adler32): their
         #: ``confirm`` reads back only the attachment.
         self._available: TTLCache[Did, str] = TTLCache(100_000, VERIFIED_TTL)
