@@ -195,7 +195,8 @@ def write_as_each(rucio_server, admin, users, per_user_mount, rse: str) -> None:
 def test_one_users_answers_teach_where_files_lie_never_what_they_hold(rucio_server, users,
                                                                      per_user_mount):
     """The users of a per-user mount share what they learn of RSE layouts (hints), never
-    answers: a's first read guesses on the RSEs the mount discovered, and its verified copy
+    answers: a's first read guesses on the RSEs the mount discovered (DAV, DAV2, DEAD, XRD),
+    and its verified copy
     confirms DAV; b's first read of another file is then read at its computed PFN on DAV
     alone, with no replica request of anyone's — and served only because the bytes match
     b's own catalog entry, fetched with b's credentials."""
@@ -217,7 +218,7 @@ def test_one_users_answers_teach_where_files_lie_never_what_they_hold(rucio_serv
     counters = json.loads(run_cli("stats", str(mnt), "--format", "json",
                                   check=True).stdout)["backend_counters"]
     assert counters["rse_lists"] == 1  # once for both users
-    assert (counters["speculative_reads"], counters["speculative_hits"]) == (3 + 1, 2)
+    assert (counters["speculative_reads"], counters["speculative_hits"]) == (4 + 1, 2)
     assert counters.get("replica_requests", 0) == 0
 
 
