@@ -10,6 +10,9 @@ for pkg in fuse3 libfuse3-dev pkg-config attr gcc util-linux systemd patch rsync
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+# pyfuse3 is compiled against the Python it is installed for (a minimal Debian lacks Python.h).
+python3 -c 'import os, sysconfig; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' \
+  2>/dev/null || need_apt+=(python3-dev)
 if ((${#need_apt[@]})); then
   echo "install.sh: apt-get install ${need_apt[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive

@@ -22,7 +22,7 @@ if [ -z "$url" ]; then
   exit 2
 fi
 mountpoint=${RUCIO_FS_MOUNTPOINT:-/mnt/catalog}
-if ! stat "$mountpoint" >/dev/null 2>&1 && grep -q " $mountpoint fuse" /proc/self/mountinfo; then
+if ! stat "$mountpoint" >/dev/null 2>&1 && grep -q " $mountpoint fuse" /proc/self/mounts; then
   umount -l "$mountpoint"
 fi
 mkdir -p "$mountpoint"
