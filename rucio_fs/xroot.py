@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from .errors import NotFound, PermissionDenied, Unavailable
+from .errors import NotFound, PermissionDenied, RucioFsError, Unavailable
 from .http import RANGE_THREADS, RetryPolicy
 
 #: XRootD's answer codes (``XRootDStatus.errno``) that are not worth a retry.
@@ -73,6 +73,16 @@ def bindings(timeout: float, credentials: Mapping[str, str] | None = None) -> An
                                   "(pip install xrootd)") from None
             _client = client
         return _client
+
+
+def failure(url: str, what: str, status: Any) -> RucioFsError:
+    """The error of a failed request (``XRootDStatus``) for ``what`` of ``url``:
+    NotFound and PermissionDenied, which no retry mends, else Unavailable."""
+    if status.errno == NOT_FOUND:
+        return NotFound(f"{url}: the storage has no such file")
+    if status.errno == NOT_AUTHORIZED:
+        return PermissionDenied(f"{what} {url}: {status.message}")
+    return Unavailable(f"{what} {url}: {str(status.message).strip()}")
 
 
 class RootReader:
@@ -122,10 +132,9 @@ class RootReader:
 
     def _failure(self, url: str, status: Any) -> str:
         """The message of a failed request; raises at once where no retry can help."""
-        if status.errno == NOT_FOUND:
-            raise NotFound(f"{url}: the storage has no such file")
-        if status.errno == NOT_AUTHORIZED:
-            raise PermissionDenied(f"{url}: {status.message}")
+        error = failure(url, "reading", status)
+        if not isinstance(error, Unavailable):
+            raise error
         return str(status.message).strip()
 
     def _take(self, url: str) -> Any:
@@ -173,13 +182,8 @@ class RootStorage:
         self.seconds = max(1, math.ceil(timeout))
 
     def _check(self, url: str, what: str, status: Any) -> None:
-        if status.ok:
-            return
-        if status.errno == NOT_FOUND:
-            raise NotFound(f"{url}: the storage has no such file")
-        if status.errno == NOT_AUTHORIZED:
-            raise PermissionDenied(f"{what} {url}: {status.message}")
-        raise Unavailable(f"{what} {url}: {str(status.message).strip()}")
+        if not status.ok:
+            raise failure(url, what, status)
 
     def _filesystem(self, url: str) -> tuple[Any, str]:
         client = bindings(self.timeout, self.credentials)

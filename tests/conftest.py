@@ -79,6 +79,22 @@ def mount_fs(tmp_path: Path) -> Iterator:
         _unmount(path)
 
 
+@contextmanager
+def overlayfs(tmp_path: Path) -> Iterator[Path]:
+    """An overlayfs (a container's root file system) mounted below ``tmp_path``, unmounted
+    at the end: the kernel refuses its files as FUSE backing files (stacking too deep)."""
+    layers = {name: tmp_path / name for name in ("lower", "upper", "work", "merged")}
+    for layer in layers.values():
+        layer.mkdir()
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                    f"lowerdir={layers['lower']},upperdir={layers['upper']},"
+                    f"workdir={layers['work']}", str(layers["merged"])], check=True)
+    try:
+        yield layers["merged"]
+    finally:
+        subprocess.run(["umount", str(layers["merged"])], check=True)
+
+
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
     """Poll ``predicate`` until it returns a truthy value; fail after ``timeout``."""
     deadline = time.monotonic() + timeout

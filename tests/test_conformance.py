@@ -221,12 +221,15 @@ class TestRucioWritable(WritableConformance):
     """Writing into Rucio (``upload_rse``), a write-once catalog: each test in a scope of
     its own, as file names are the scope's for ever."""
 
+    #: The RSE written to, and the scheme it is read over.
+    rse, scheme = "DAV", "http"
+
     @pytest.fixture
     def url(self, rucio_server) -> str:
         scope = f"conf{uuid.uuid4().hex[:12]}"
         with rucio_server.admin() as admin:
             admin.post(f"/scopes/root/{scope}").raise_for_status()
-        return f"rucio:///{scope}?upload_rse=DAV&schemes=http"
+        return f"rucio:///{scope}?upload_rse={self.rse}&schemes={self.scheme}"
 
     @pytest.fixture
     def secrets(self) -> list[str]:
@@ -236,9 +239,4 @@ class TestRucioWritable(WritableConformance):
 class TestRucioRootWritable(TestRucioWritable):
     """Writing into Rucio on an RSE written over root:// (XRD)."""
 
-    @pytest.fixture
-    def url(self, rucio_server) -> str:
-        scope = f"conf{uuid.uuid4().hex[:12]}"
-        with rucio_server.admin() as admin:
-            admin.post(f"/scopes/root/{scope}").raise_for_status()
-        return f"rucio:///{scope}?upload_rse=XRD&schemes=root"
+    rse, scheme = "XRD", "root"

@@ -20,7 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import overlayfs, run_cli
 from test_s3 import mount_s3, unique
 from test_write_back_async import drained, kill
 from test_write_faults import _stored
@@ -144,16 +144,10 @@ def test_a_staging_file_the_kernel_refuses_to_back_is_written_through_the_daemon
         mount_fs, s3_server, tmp_path):
     """Staging on overlayfs (a container's root file system): the kernel refuses it as a
     backing file (stacking too deep), and the mount works as without --passthrough."""
-    layers = {name: tmp_path / name for name in ("lower", "upper", "work", "merged")}
-    for layer in layers.values():
-        layer.mkdir()
-    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                    f"lowerdir={layers['lower']},upperdir={layers['upper']},"
-                    f"workdir={layers['work']}", str(layers["merged"])], check=True)
-    try:
+    with overlayfs(tmp_path) as merged:
         prefix = unique("pt-refused")
         mnt = mount_s3(mount_fs, s3_server.endpoint, prefix, *PASSTHROUGH,
-                       "--staging-dir", str(layers["merged"] / "staging"))
+                       "--staging-dir", str(merged / "staging"))
         try:
             (mnt.path / "f").write_bytes(b"through the daemon")
             assert (mnt.path / "f").read_bytes() == b"through the daemon"
@@ -164,8 +158,6 @@ def test_a_staging_file_the_kernel_refuses_to_back_is_written_through_the_daemon
             assert _stored(s3_server, f"{prefix}/f") == b"through the daemon"
         finally:
             mnt.unmount()
-    finally:
-        subprocess.run(["umount", str(layers["merged"])], check=True)
 
 
 def test_passthrough_where_it_cannot_work_is_a_one_line_notice_and_a_plain_mount(

@@ -18,10 +18,9 @@ import json
 import mmap
 import os
 import random
-import subprocess
 from pathlib import Path
 
-from conftest import run_cli, wait_for
+from conftest import overlayfs, run_cli, wait_for
 from test_s3 import mount_s3, unique
 
 from rucio_fs.cache import whole_files
@@ -222,14 +221,8 @@ def test_a_whole_file_the_kernel_refuses_to_back_is_read_through_the_daemon(
         mount_fs, tmp_path):
     """A cache directory on overlayfs: the kernel refuses its files as backing files
     (stacking too deep); reads are served by the daemon, from the whole file."""
-    layers = {name: tmp_path / name for name in ("lower", "upper", "work", "merged")}
-    for layer in layers.values():
-        layer.mkdir()
-    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
-                    f"lowerdir={layers['lower']},upperdir={layers['upper']},"
-                    f"workdir={layers['work']}", str(layers["merged"])], check=True)
-    try:
-        cache = layers["merged"] / "cache"
+    with overlayfs(tmp_path) as merged:
+        cache = merged / "cache"
         name = f"{DATASET}/file-000004.dat"
         mnt = mount_fs("demo://", *_options(cache, "--passthrough"))
         first = (mnt.path / name).read_bytes()
@@ -244,8 +237,6 @@ def test_a_whole_file_the_kernel_refuses_to_back_is_read_through_the_daemon(
             assert mnt.fuse_calls("read") >= 1 and mnt.backend_calls("read") == 0
         finally:
             mnt.unmount()
-    finally:
-        subprocess.run(["umount", str(layers["merged"])], check=True)
 
 
 # -- the whole-file form in-process -----------------------------------------------------------

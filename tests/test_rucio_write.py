@@ -138,6 +138,16 @@ def writer(mount_fs, tmp_path: Path, url: str, *options: str):
     return mount_fs(url, "--staging-dir", str(tmp_path / "staging"), *options)
 
 
+def copy_into(mnt, tmp_path: Path, dataset: str, files: dict[str, bytes]) -> None:
+    """``mkdir`` of a new dataset in the mount, then ``cp`` of each file into it from local
+    disk."""
+    os.mkdir(mnt.path / dataset)
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+        subprocess.run(["cp", str(tmp_path / name), str(mnt.path / dataset / name)],
+                       check=True)
+
+
 def drained(mnt) -> None:
     result = run_cli("uploads", "--wait", str(mnt.path), timeout=600)
     assert result.returncode == 0 and "no pending uploads" in result.stdout, result.stdout
@@ -156,10 +166,7 @@ def test_cp_into_a_new_dataset_is_what_rucio_upload_makes(mount_fs, rucio_server
     # (File names are DIDs of the scope, for ever: every run writes new ones.)
     small, streamed = f"{dataset}.small.dat", f"{dataset}.streamed.dat"
     files = {small: rng.randbytes(5000), streamed: rng.randbytes(20 << 20)}
-    os.mkdir(m.path / dataset)
-    for name, data in files.items():
-        (tmp_path / name).write_bytes(data)
-        subprocess.run(["cp", str(tmp_path / name), str(m.path / dataset / name)], check=True)
+    copy_into(m, tmp_path, dataset, files)
     if mode == "async":
         drained(m)
     assert sorted(os.listdir(m.path / dataset)) == sorted(files)

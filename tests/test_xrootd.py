@@ -19,7 +19,17 @@ import time
 
 import pytest
 from conftest import adler32, wait_for
-from test_rucio_write import ASYNC, SYNC, Catalog, cli, consistent, drained, unique, writer
+from test_rucio_write import (
+    ASYNC,
+    SYNC,
+    Catalog,
+    cli,
+    consistent,
+    copy_into,
+    drained,
+    unique,
+    writer,
+)
 
 SPARSE_SIZE = (4 << 30) + (1 << 20)
 SPARSE_MARK, SPARSE_MARK_AT = b"past 4 GiB", (4 << 30) + 12345
@@ -131,10 +141,7 @@ def test_files_written_to_a_root_rse_are_what_rucio_upload_makes(mount_fs, rucio
     dataset = unique(f"xrd-written-{mode}")
     files = {f"{dataset}.small.dat": os.urandom(5000),
              f"{dataset}.streamed.dat": os.urandom(20 << 20)}
-    os.mkdir(m.path / dataset)
-    for name, data in files.items():
-        (tmp_path / name).write_bytes(data)
-        subprocess.run(["cp", str(tmp_path / name), str(m.path / dataset / name)], check=True)
+    copy_into(m, tmp_path, dataset, files)
     if mode == "async":
         drained(m)
     catalog = Catalog(rucio_server)

@@ -214,13 +214,18 @@ class DiskCache:
     def _read_whole_block(self, record: WholeFile, index: int) -> bytes | None:
         data = whole_files.read_block(self._whole_dir, record, index)
         if data is None:
-            self._events["disk_cache_corrupt"] += 1
-            log.warning("disk cache: whole file %s is damaged: deleted, fetching it again",
-                        record.digest.hex()[:16])
-            self._forget(record.digest, unlink=True)
+            self._damaged(record)
             return None
         self._touch(record.digest)
         return data
+
+    def _damaged(self, record: WholeFile) -> None:
+        """A whole file failed its check: counted, logged and deleted (read again from the
+        catalog)."""
+        self._events["disk_cache_corrupt"] += 1
+        log.warning("disk cache: whole file %s is damaged: deleted, fetching it again",
+                    record.digest.hex()[:16])
+        self._forget(record.digest, unlink=True)
 
     def _touch(self, digest: bytes) -> None:
         with self._lock:
@@ -312,10 +317,7 @@ class DiskCache:
         if record is None or not record.covers(checksums):
             return None
         if not whole_files.check(self._whole_dir, record):
-            self._events["disk_cache_corrupt"] += 1
-            log.warning("disk cache: whole file %s is damaged: deleted, fetching it again",
-                        record.digest.hex()[:16])
-            self._forget(record.digest, unlink=True)
+            self._damaged(record)
             return None
         try:
             fd = os.open(whole_files.data_file(self._whole_dir, record.digest), os.O_RDONLY)
