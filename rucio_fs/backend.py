@@ -446,6 +446,13 @@ class Backend(ABC):
     #: a file before its ``mkdir`` goes out, and writes one if that directory is about to
     #: lose a name below it or to get attributes.
     implied_directories: ClassVar[bool] = False
+    #: Whether removing a file the mount may write always succeeds on the server (S3: a
+    #: DELETE answers 204 whether or not the key is there). With sync write-back the core
+    #: then lets the removals of files run ahead of ``unlink`` (journaled, on the server
+    #: before the directory's ``rmdir`` or ``fsync`` returns): ``rm -r`` does not wait for
+    #: each one. A catalog that may refuse one file and not the next (Rucio: only the
+    #: account's own) keeps every ``unlink`` waiting for the server.
+    removals_run_ahead: ClassVar[bool] = False
 
     def check_new(self, path: str, kind: Kind, parent: Entry) -> None:  # noqa: B027
         """Raise the error that making ``kind`` at ``path`` in directory ``parent`` (its

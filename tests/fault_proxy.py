@@ -9,6 +9,7 @@ a fault is armed for a path, spoils the answer the way real networks and servers
 * ``error``:   answer 500 with Rucio's error headers instead of forwarding;
 * ``short-token``: say a Rucio token expires in 4 s (``X-Rucio-Auth-Token-Expires``);
 * ``slowdown``: answer 503 SlowDown as S3 does when it throttles;
+* ``deny``: answer 403 AccessDenied as S3 does for credentials that may not do it;
 * ``fake-ok``: answer 200 without forwarding, as a server whose retry is answered with success
   although the work failed (an S3 ``ETag`` header for a PUT, a completion body for a POST);
 * ``lost-ok``: forward (the server does the work), then answer 500: a success the client never
@@ -43,8 +44,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
-KINDS = ("drop", "stall", "corrupt", "error", "short-token", "slowdown", "fake-ok", "lost-ok",
-         "late")
+KINDS = ("drop", "stall", "corrupt", "error", "short-token", "slowdown", "deny", "fake-ok",
+         "lost-ok", "late")
 #: Seconds a ``late`` answer waits before the request is forwarded.
 LATE = 0.3
 
@@ -172,6 +173,12 @@ class FaultProxy:
                     b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
                     b"<Message>Please reduce your request rate.</Message></Error>")
             return
+        if before == "deny":
+            self._take_fault(*request)
+            _answer(handler, 403, {"Content-Type": "application/xml"},
+                    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code>"
+                    b"<Message>Access Denied</Message></Error>")
+            return
         if before == "error":
             self._take_fault(*request)
             _answer(handler, 500, {"ExceptionClass": "DatabaseException",
@@ -192,7 +199,7 @@ class FaultProxy:
             upstream.close()
         fault = (self._take_fault(*request)
                  if before != "late" and (data or 200 <= status < 300) else None)
-        assert fault not in ("error", "slowdown", "fake-ok", "late")
+        assert fault not in ("error", "slowdown", "deny", "fake-ok", "late")
         if fault == "lost-ok":
             _answer(handler, 500, {"Content-Type": "application/xml"},
                     b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError"

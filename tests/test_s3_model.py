@@ -147,7 +147,13 @@ class S3Tree(RuleBasedStateMachine):
     def teardown(self) -> None:
         if not hasattr(self, "model"):
             return
-        # The server's own view: every file is an object with its content; nothing else.
+        # The server's own view: every file is an object with its content; nothing else
+        # (once an fsync of the tree settled the removals that ran ahead of unlink).
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         keys = {}
         base = f"{self.prefix}/{self.name}/"
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket="test",

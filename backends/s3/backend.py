@@ -828,6 +828,7 @@ class S3Backend(Backend):
         return self._unlisted.get(self._key(path) + "/")
 
     remove_batch_max = DELETE_BATCH
+    removals_run_ahead = True
 
     async def remove_many(self, items: Sequence[tuple[str, Kind]]
                           ) -> Mapping[str, RucioFsError]:
@@ -851,6 +852,15 @@ class S3Backend(Backend):
             except RucioFsError as exc:
                 failures[path] = exc
         if not keys:
+            return failures
+        if len(keys) == 1:  # a DELETE costs the server half what a DeleteObjects does
+            [(key, path)] = keys.items()
+            try:
+                await self._request("DELETE", self._url_path(key), expect=(200, 204, 404),
+                                    what=f"DELETE {key}")
+            except RucioFsError as exc:
+                failures[path] = exc
+            self.memo.forget(key)
             return failures
         body = delete_request(keys)
         response = await self._request(

@@ -682,6 +682,10 @@ class Catalog:
     def remove_batch_max(self) -> int:
         return self.backend.remove_batch_max
 
+    @property
+    def removals_run_ahead(self) -> bool:
+        return self.backend.removals_run_ahead
+
     def backend_counters(self) -> dict[str, int]:
         return dict(self.backend.counters())
 

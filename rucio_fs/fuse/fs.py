@@ -1126,6 +1126,7 @@ class RucioFs(pyfuse3.Operations):
             await writes.queue.room()
             writes.queue_mkdir(path, entry)
         else:
+            await writes.removals_first(path)
             entry = await self.catalog.mkdir(path, Attributes(mode=stat.S_IMODE(mode)))
         self._names_changed(parent)
         return self._attrs(self.inodes.lookup(parent, text, entry, time.monotonic()))
@@ -1139,6 +1140,8 @@ class RucioFs(pyfuse3.Operations):
         writes = self.writes
         if writes is not None and writes.asynchronous:
             await writes.settle_up_to(path)  # a queued removal of the name, its parents' mkdir
+        elif writes is not None:
+            await writes.removals_first(path)
         entry = await self.catalog.symlink(path, os.fsdecode(target))
         self._names_changed(parent)
         return self._attrs(self.inodes.lookup(parent, text, entry, time.monotonic()))
@@ -1169,9 +1172,10 @@ class RucioFs(pyfuse3.Operations):
         on_server = dirty is None or dirty.base is not None
         if writes.asynchronous and on_server:
             writes.queue_removal("unlink", path)
-        else:
+        elif not (dirty is None and await writes.remove_ahead(path)):
             async with writes.carrying(path):  # a held change of it is moot
                 await self.catalog.unlink(path, on_server=on_server)
+            writes.removal_succeeded |= on_server
         self.inodes.detach(parent, text)
         self._names_changed(parent)
 
@@ -1185,7 +1189,8 @@ class RucioFs(pyfuse3.Operations):
         writes = self._writeback()
         if writes.has_below(path):
             raise NotEmpty(path)
-        if writes.asynchronous:
+        queued = writes.asynchronous or writes.runs_removals_ahead()
+        if queued:
             empty = writes.never_sent(path)
             if empty is None:
                 listing = await self.catalog.list(path)
@@ -1198,6 +1203,8 @@ class RucioFs(pyfuse3.Operations):
                 raise NotEmpty(path)
             await writes.queue.room()
             writes.queue_removal("rmdir", path)
+            if not writes.asynchronous:  # on the server with what was removed in it
+                await writes.settle(path)
         else:
             async with writes.carrying(path):
                 await self.catalog.rmdir(path)
@@ -1250,6 +1257,8 @@ class RucioFs(pyfuse3.Operations):
             async with writes.carrying(old, *([new] if target is not None else [])) as held:
                 if writes.asynchronous or entry.is_dir:
                     await self._settled(old, new)
+                else:
+                    await writes.removals_first(new)
                 if dirty is not None:
                     entry = await writes.commit_now(dirty) or dirty.base or entry
                 new_entry = await self.catalog.rename(old, new, entry, held)

@@ -166,10 +166,15 @@ class Op:
 class WriteQueue:
     """The ops of one mount, in the order they were promised."""
 
-    def __init__(self, writeback: Owner, parallelism: int, remove_batch_max: int) -> None:
+    def __init__(self, writeback: Owner, parallelism: int, remove_batch_max: int,
+                 implied_directories: bool = False) -> None:
         self.wb = writeback
         self.parallelism = parallelism
         self.remove_batch_max = max(1, remove_batch_max)
+        #: Whether an ``rmdir`` may go in one batch with the removals below it (a catalog
+        #: whose directories are implied by the keys below them: a key a failed removal
+        #: leaves keeps its directory, whatever the order the batch was carried out in).
+        self.rmdir_joins_batch = implied_directories
         #: Queued ops by their queue key (insertion order is the order they run in).
         self.ops: dict[int, Op] = {}
         #: Namespace ops given up after a permanent error (newest last), until shown.
@@ -366,6 +371,10 @@ class WriteQueue:
         slots = 0 if yielding else self._free
         blocked_paths: set[str] = set()
         blocked_above: set[str] = set()  # every ancestor of a path in blocked_paths
+        # the same, of the ops not in the batch being gathered (what an rmdir that may join
+        # the batch of the removals below it waits for)
+        outside_paths: set[str] = set()
+        outside_above: set[str] = set()
         batch: list[Op] = []
         started = False
         for op in itertools.islice(self._ready, WINDOW):
@@ -373,13 +382,19 @@ class WriteQueue:
                 break
             path = op.path
             above = ancestors(path)
-            free = not (op.running or _blocked(path, above, blocked_paths, blocked_above)
-                        or _blocked(path, above, self._held_paths, self._held_above))
             batched = op.kind in REMOVALS and self.remove_batch_max > 1
+            joins = batched and op.kind == "rmdir" and self.rmdir_joins_batch
+            free = not (op.running
+                        or (_blocked(path, above, outside_paths, outside_above) if joins
+                            else _blocked(path, above, blocked_paths, blocked_above))
+                        or _blocked(path, above, self._held_paths, self._held_above))
             if free and batched and not batch and self._removal_batches >= REMOVAL_BATCHES:
                 free = False  # gathers for the next batch
             blocked_paths.add(path)
             blocked_above.update(above)
+            if not (free and batched):
+                outside_paths.add(path)
+                outside_above.update(above)
             if not free:
                 continue
             op.running = started = True

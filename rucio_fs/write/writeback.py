@@ -71,7 +71,7 @@ from rucio_fs.write import journal as journals
 
 from .arena import SLOT_BYTES, Arena, read_slot
 from .journal import Journal, ancestors, read_exactly
-from .write_queue import Op, WriteQueue
+from .write_queue import REMOVALS, Op, WriteQueue
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,9 @@ MARKER_HOLD = 1.0
 #: A file time within this many nanoseconds of a look at the file may hide a later write in
 #: the same clock tick (file systems without fine-grained times): see DirtyFile.observe.
 CLOCK_SLACK_NS = 20_000_000
+#: Removals of files a sync mount lets run ahead of ``unlink`` before the next one waits
+#: (:attr:`~rucio_fs.backend.Backend.removals_run_ahead`).
+REMOVALS_AHEAD = 128
 
 
 class DirtyFile:
@@ -501,6 +504,8 @@ class DirtyFile:
                 return None
             self.unpark()
             try:
+                if not self.wb.asynchronous:  # (async: the queue orders them)
+                    await self.wb.removals_first(self.path)
                 sent = await self._upload_content()
                 committed, self._committed = self._committed, None
                 # Retried or not, the staged copy goes only once the server proves it holds
@@ -795,6 +800,11 @@ class WriteBack:
         #: Queued unlink and rmdir ops by path: a pending file renamed onto the path goes
         #: after them (see :meth:`renamed`).
         self._removals: dict[str, Op] = {}
+        #: Sync write-back: whether an ``unlink`` through this mount was carried out on the
+        #: server, and whether one queued to run ahead was refused since (see
+        #: :meth:`remove_ahead`).
+        self.removal_succeeded = False
+        self._removal_refused = False
         #: The newest queued attrs op of each path: a later change takes it over.
         self._attrs: dict[str, Op] = {}
         #: Told (path, entry) when a queued upload has left nothing pending: the FUSE layer
@@ -803,7 +813,7 @@ class WriteBack:
         #: Called with the path of a queued change that was given up (set by the FUSE layer).
         self.on_dropped: Callable[[str], None] = lambda _path: None
         self.queue = WriteQueue(self, parallelism or catalog.write_back_parallelism,
-                                catalog.remove_batch_max)
+                                catalog.remove_batch_max, catalog.implied_directories)
 
     def serve(self, catalog: Catalog) -> None:
         """Upload through ``catalog`` from now on, and have it show what is pending here.
@@ -1189,6 +1199,11 @@ class WriteBack:
             if carried_out and dropped is None and op.kind == "mkdir" and self._awaiting_key:
                 self._key_landed(op.path)
         if dropped is not None:  # the server keeps what it has: ask it again
+            if op.kind == "unlink" and not self.asynchronous:
+                self._removal_refused = True
+                log.error("%s: the server refused its removal (%s): the file is there "
+                          "again, and this mount's removals wait for the server from now on",
+                          op.path, dropped)
             self.catalog.forget_tree(op.path)
             self.catalog.forget_listing(parent or "/")
             self.on_dropped(op.path)
@@ -1351,6 +1366,47 @@ class WriteBack:
                 self.journal.done(keeping.n, carried_out=False)
                 self.op_done(keeping, None, carried_out=False)
         self.catalog.note_entry(path, None)
+
+    def runs_removals_ahead(self) -> bool:
+        """Whether removals of this sync mount are queued (:meth:`remove_ahead`), and an
+        ``rmdir`` then goes with the removals queued below it."""
+        return (not self.asynchronous and self.catalog.removals_run_ahead
+                and self.removal_succeeded and not self._removal_refused)
+
+    async def remove_ahead(self, path: str) -> bool:
+        """Sync write-back: queue the removal of stored file ``path`` and return at once,
+        if its catalog's removals do not fail one by one
+        (:attr:`~rucio_fs.backend.Backend.removals_run_ahead`), a removal through this
+        mount succeeded before (:attr:`removal_succeeded`: the credentials may remove) and
+        none queued so was refused since. Waits while :data:`REMOVALS_AHEAD` are queued.
+        False: the caller removes it on the server itself (also when the queued removals
+        are failing).
+
+        The queued removal is journaled (a crash replays it), the overlay hides the name,
+        and a change of the same path, an ``rmdir`` or ``fsync`` of a directory above it,
+        and unmount wait for it (:meth:`removals_first`, :meth:`settle`)."""
+        if not self.runs_removals_ahead():
+            return False
+        while len(self._removals) >= REMOVALS_AHEAD:
+            oldest = next(iter(self._removals.values()))
+            try:
+                await self.queue.wait(lambda op, oldest=oldest: op is oldest)
+            except RucioFsError:
+                return False
+        held = await self._take_attributes(path)
+        if held is not None:  # a time or mode held back for the file: moot now
+            self.journal.done(held.n)
+        self.queue_removal("unlink", path)
+        return True
+
+    async def removals_first(self, *paths: str) -> None:
+        """Until the removals queued on ``paths`` (or above or below them) are carried
+        out: a sync change of one of them goes to the server after them, so that a removal
+        queued ahead never removes what the change stores (raises the error of one that
+        fails)."""
+        if self._removals:
+            covers = self.queue.covering(paths)
+            await self.queue.wait(lambda op: op.kind in REMOVALS and covers(op))
 
     def _queue_change(self, kind: str, path: str, entry: Entry | None) -> Op:
         mode = {} if entry is None or entry.mode is None else {"mode": entry.mode}
