@@ -5,6 +5,10 @@
 #   containers.sh install       podman, runc, debootstrap (apt) and podman's configuration
 #   containers.sh base          the base image debian:bookworm-slim, made once from the mirror
 #   containers.sh build [TAG]   the client image (default tag rucio-fs), the base made first
+#   containers.sh servers [s3]  the dev stacks' servers image, as their compose files name it:
+#                               rucio-fs-dev-servers (Rucio and S3), or rucio-fs-dev-servers-s3
+#                               (the S3 stack's), from golang:1.26-bookworm, which is made first
+#                               from the base and this machine's Go
 #   containers.sh env           the environment every podman command needs (eval it)
 #
 # podman keeps its configuration, images and run state in RUCIO_FS_CONTAINERS (default
@@ -16,7 +20,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
-cmd=${1:?usage: containers.sh install|base|build [TAG]|env}
+cmd=${1:?usage: containers.sh install|base|build [TAG]|servers [s3]|env}
 STATE=${RUCIO_FS_CONTAINERS:-$HOME/.cache/rucio-fs/containers}
 log() { printf 'containers.sh: %s\n' "$*" >&2; }
 # shellcheck source=servers/common.sh
@@ -77,20 +81,56 @@ base() {
   rm -rf "$root"
 }
 
-build() {
-  local tag=${1:-rucio-fs}
+golang() {  # golang:1.26-bookworm as the registry's is made: the base, Go in /usr/local/go
+  local goroot version
   base
   eval "$(environment)"
+  if podman image exists golang:1.26-bookworm; then return 0; fi
+  command -v go >/dev/null || { log "Go 1.26 is needed to make golang:1.26-bookworm"; exit 1; }
+  goroot=$(go env GOROOT)
+  version=$(go env GOVERSION)
+  case $version in go1.26*) ;; *) log "Go 1.26 is needed, not $version"; exit 1 ;; esac
+  log "making golang:1.26-bookworm from debian:bookworm-slim and $goroot ($version)"
+  mkdir -p "$STATE/golang"
+  cat >"$STATE/golang/Containerfile" <<'FILE'
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates git gcc \
+      libc6-dev make pkg-config && rm -rf /var/lib/apt/lists/* \
+ && cp -a /host-go /usr/local/go && mkdir -p /go/bin /go/src && chmod -R 1777 /go
+ENV GOTOOLCHAIN=local GOPATH=/go PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+WORKDIR /go
+FILE
+  podman build --network host -v "$goroot:/host-go:ro" -t golang:1.26-bookworm "$STATE/golang"
+}
+
+image() {  # podman build of Dockerfile $1 as $2, with the host's network and CA bundle
+  local file=$1 tag=$2
+  shift 2
+  eval "$(environment)"
+  # (Go reads every file in /etc/ssl/certs: the bundle there is its own way in)
   podman build --network host \
     -v /etc/ssl/certs/ca-certificates.crt:/etc/host-ca.crt:ro \
-    -v "$STATE/pip.conf:/etc/pip.conf:ro" \
-    -f "$repo/containers/client/Dockerfile" -t "$tag" "$repo"
+    -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/host-ca.pem:ro \
+    -v "$STATE/pip.conf:/etc/pip.conf:ro" "$@" \
+    -f "$repo/$file" -t "$tag" "$repo"
+}
+
+build() {
+  base
+  image containers/client/Dockerfile "${1:-rucio-fs}"
+}
+
+servers() {
+  golang
+  image containers/dev/servers/Dockerfile "rucio-fs-dev-servers${1:+-$1}" \
+    --build-arg "STACKS=${1:-rucio s3}"
 }
 
 case $cmd in
   install) install ;;
   base) install; base ;;
   build) install; build "${2:-}" ;;
+  servers) install; servers "${2:-}" ;;
   env) environment ;;
   *) log "unknown command $cmd"; exit 2 ;;
 esac

@@ -1,12 +1,13 @@
 """containers/: the client image and the dev stacks, checked without a container engine.
 
-No container engine runs where rucio-fs is built, so the images are never built here. What is
-checked instead: every compose file and Dockerfile parses, and everything they name exists
-(build contexts, Dockerfiles, copied files, scripts, bind-mounted config); ports and settings
-agree across the files of a stack and with the test scripts; each stack's ``rucio-fs mount``
-line mounts the server the test suite itself runs (same script, same configuration, ports
-and directories swapped for the test's); and the two entry points (the client's and the
-servers image's) run for real on this machine, including their SIGTERM handling.
+What needs no container engine (tests/test_container_image.py builds and runs the client
+image and the S3 dev stack): every compose file and Dockerfile parses, and everything they
+name exists (build contexts, Dockerfiles, copied files, scripts, bind-mounted config); ports
+and settings agree across the files of a stack and with the test scripts; each stack's
+``rucio-fs mount`` line mounts the server the test suite itself runs (same script, same
+configuration, ports and directories swapped for the test's); and the two entry points (the
+client's and the servers image's) run for real on this machine, including their SIGTERM
+handling.
 """
 
 from __future__ import annotations
@@ -115,6 +116,12 @@ def script_default(script: Path, name: str) -> str:
     return match.group(1)
 
 
+def compose_default(value: str) -> str:
+    """A compose value as it reads with nothing set in the environment: ``${NAME:-default}``
+    gives ``default``."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
 def script_constant(script: Path, name: str) -> str:
     match = re.search(rf"(?:^|[;\s]){name}=([^\s;]+)", script.read_text(), re.MULTILINE)
     assert match, f"{script.name} sets no {name}"
@@ -153,7 +160,7 @@ def test_compose_references_exist(path: Path):
                                     else build.get("dockerfile", "Dockerfile"))
             assert dockerfile.resolve() in contexts and dockerfile.is_file(), dockerfile
         for volume in service.get("volumes", []):
-            source, target = volume.split(":")[:2]
+            source, target = compose_default(volume).split(":")[:2]
             if source.startswith("."):
                 assert (path.parent / source).exists(), f"{name}: {source} is missing"
             elif not source.startswith("/"):
@@ -193,15 +200,26 @@ def test_dockerfile_references_exist(path: Path):
                     target = f"{workdir.rstrip('/')}/" + ("" if source == "." else source)
                 copied[os.path.normpath(target)] = context / source
         elif ins.keyword == "RUN":
-            for script in re.findall(r"(?:bash|sh) (\S+\.sh)", ins.args):
-                assert (context / script).is_file() or script.startswith("/"), \
-                    f"{path}: RUN {script}: not in the build context"
+            for script in re.findall(r"(?:bash|sh) \"?(\S+?\.sh)", ins.args):
+                for name in stack_scripts(script, instructions):
+                    assert (context / name).is_file() or name.startswith("/"), \
+                        f"{path}: RUN {name}: not in the build context"
         elif ins.keyword == "ENTRYPOINT":
             program = ins.exec_form()[0]
             source = resolve_in_image(program, copied)
             assert source is not None and source.is_file(), \
                 f"{path}: the entry point {program} is not copied into the image"
             assert os.access(source, os.X_OK), f"{source} must be executable"
+
+
+def stack_scripts(script: str, instructions: list[Instruction]) -> list[str]:
+    """``script`` as a RUN names it, a ``$stack`` in it taken over every stack of the
+    Dockerfile's default ``STACKS`` argument (``ARG STACKS="rucio s3"``)."""
+    if "$stack" not in script:
+        return [script]
+    (stacks,) = [ins.args.split("=", 1)[1].strip('"').split() for ins in instructions
+                 if ins.keyword == "ARG" and ins.args.startswith("STACKS=")]
+    return [script.replace("$stack", stack) for stack in stacks]
 
 
 def resolve_in_image(path: str, copied: dict[str, Path]) -> Path | None:
@@ -242,9 +260,11 @@ def test_images_install_with_the_script_ci_runs():
     for name in ("client/Dockerfile", "dev/servers/Dockerfile"):
         runs = [ins.args for ins in parse_dockerfile(CONTAINERS / name) if ins.keyword == "RUN"]
         assert any(re.match(r"bash scripts/install\.sh\b", run) for run in runs), name
-    servers = " ".join(ins.args for ins in parse_dockerfile(CONTAINERS / "dev/servers/Dockerfile"))
-    for script in ("rucio.sh", "s3.sh"):
-        assert f"bash scripts/servers/{script} install" in servers
+    servers = parse_dockerfile(CONTAINERS / "dev/servers/Dockerfile")
+    run = " ".join(ins.args for ins in servers if ins.keyword == "RUN")
+    assert 'for stack in $STACKS; do bash "scripts/servers/$stack.sh" install' in run
+    assert stack_scripts("scripts/servers/$stack.sh", servers) == [
+        "scripts/servers/rucio.sh", "scripts/servers/s3.sh"]
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".git", ".venv"} <= set(ignored)
 
@@ -266,10 +286,11 @@ def test_server_stacks_match_the_test_scripts(kind: str):
     assert service["build"]["dockerfile"] == "containers/dev/servers/Dockerfile"
     kind_arg, state = service["command"]
     assert kind_arg == kind
+    assert compose_default(state) == f"/srv/rucio-fs-dev/{kind}"
     script = REPO / "scripts" / "servers" / f"{kind}.sh"
     # every port the script takes is pinned to the script's own default
-    assert service["environment"] == {
-        name: script_default(script, name) for name in service["environment"]}
+    assert {name: compose_default(value) for name, value in service["environment"].items()} \
+        == {name: script_default(script, name) for name in service["environment"]}
     ports = set(re.findall(r"\b([A-Z_]+(?:PORT|HTTP|HTTPS|TLS))=\$\{", script.read_text()))
     assert ports == set(service["environment"]), "a port of the script is not pinned"
     # the state directory has the same path inside and outside (the config in it names paths)
@@ -286,7 +307,7 @@ def test_server_stacks_match_the_test_scripts(kind: str):
                             "AWS_SECRET_ACCESS_KEY": script_constant(script, "SECRET")}
         assert line.url == "s3://test"
         assert line.options == ["-o", f"endpoint_url=http://127.0.0.1:"
-                                      f"{service['environment']['VGW_PORT']}"]
+                                      f"{compose_default(service['environment']['VGW_PORT'])}"]
 
 
 def test_irods_stack_agrees_with_itself_and_the_fake():
@@ -358,7 +379,8 @@ def test_readme_shows_every_mount_line_and_what_is_built_and_what_is_not():
     assert "rshared" in readme
     assert "The client image is built and run in CI" in readme
     assert "tests/test_container_image.py" in readme
-    assert "The dev stacks are not built or started by the tests" in readme
+    assert "The S3 dev stack is built and started in CI" in readme
+    assert "The Rucio and iRODS stacks are not built or started by the tests" in readme
 
 
 # ---- the mount lines mount the test suite's own servers -----------------------------------
