@@ -19,6 +19,7 @@ proxy (``X509_USER_PROXY``, else ``/tmp/x509up_u<uid>``) or a token (``BEARER_TO
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -31,6 +32,8 @@ import trio
 
 from .errors import NotFound, PermissionDenied, RucioFsError, Unavailable
 from .http import RANGE_THREADS, RetryPolicy
+
+log = logging.getLogger(__name__)
 
 #: XRootD's answer codes (``XRootDStatus.errno``) that are not worth a retry.
 NOT_FOUND = 3011
@@ -129,6 +132,26 @@ class RootReader:
             self.counters["bytes"] += len(data)
             return data
         raise Unavailable(f"{url}: {failure} after {self.retry.attempts} attempts")
+
+    async def connect(self, url: str) -> None:
+        """Log in to ``url``'s storage ahead of the first read (the connection, handshake and
+        login off a first byte's path: the client keeps the channel for the files opened
+        there later). Best effort: a failure only logs."""
+        if not is_root(url):
+            return
+
+        def ping() -> None:
+            try:
+                client = bindings(self.timeout, self.credentials)
+                status, _ = client.FileSystem(url).ping(timeout=max(1, math.ceil(self.timeout)))
+            except RucioFsError as exc:
+                status = exc
+            if getattr(status, "ok", False):
+                self.counters["logins_ahead"] += 1
+            else:
+                log.debug("no connection ahead to %s: %s", url, getattr(status, "message", status))
+
+        await trio.to_thread.run_sync(ping, limiter=self._limiter, abandon_on_cancel=True)
 
     def _failure(self, url: str, status: Any) -> str:
         """The message of a failed request; raises at once where no retry can help."""

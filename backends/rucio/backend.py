@@ -243,8 +243,8 @@ class RucioBackend(Backend):
         await self.speculator.start()
         async with trio.open_nursery() as nursery:  # first guesses pay no TCP/TLS handshake
             for endpoint in self.speculator.first_endpoints():
-                nursery.start_soon(self.guess_reader.connect,
-                                   readable_url(endpoint, self.settings)[0])
+                url = readable_url(endpoint, self.settings)[0]
+                nursery.start_soon(self._reader(url, guess=True).connect, url)
 
     async def aclose(self) -> None:
         if self.uploads is not None:
@@ -745,6 +745,7 @@ class RucioBackend(Backend):
             **{f"api_{k}": v for k, v in self.api.counters.items()},
             **{f"storage_{k}": v for k, v in self.reader.counters.items()},
             **{f"xroot_{k}": v for k, v in self.root_reader.counters.items()},
+            "xroot_logins_ahead": self.guess_root_reader.counters["logins_ahead"],
             **self.speculator.counters,
             "replica_requests": self.resolver.requests,
             "replica_shared_hits": self.resolver.shared_hits,
