@@ -182,6 +182,38 @@ def test_removals_that_failed_in_several_requests_are_tried_again_in_one():
     assert all(error is None for _path, error in queue.wb.finished)
 
 
+def test_an_rmdir_goes_with_the_removals_below_it_never_beside_them():
+    """Where keys imply directories, a directory's removal goes in the request of the removals
+    below it, after them; when those fill a batch and go on, it waits for that one (a server
+    keeping directories on disk refuses the marker of one that still holds a file)."""
+    batches: list[list[str]] = []
+
+    async def remove_many(items: list) -> dict:
+        batches.append([path for path, _kind in items])
+        await trio.sleep(1)
+        return {}
+
+    queue = WriteQueue(ScriptedWriteBack(lambda op: trio.sleep(0)), 4,  # type: ignore[arg-type]
+                       3, implied_directories=True)
+    queue.wb.catalog.remove_many = remove_many
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            ops = [Op(0, "unlink", "/a/f1"), Op(0, "rmdir", "/a"), Op(0, "unlink", "/b/f1"),
+                   Op(0, "unlink", "/b/f2"), Op(0, "rmdir", "/b")]
+            for op in ops:
+                queue.add(op)
+            nursery.start_soon(queue.run)
+            with trio.fail_after(60):
+                await until(lambda: all(op.done for op in ops))
+            nursery.cancel_scope.cancel()
+
+    run_virtual(main)
+    # (the first two went together: in either order)
+    assert sorted(batches[:2]) == [["/a/f1", "/a", "/b/f1"], ["/b/f2"]]
+    assert batches[2:] == [["/b"]]
+
+
 def test_refused_puts_stay_queued_and_let_unrelated_ops_run(monkeypatch):
     """3,000 puts refused for good (403) ahead of ready ops on other paths, with a window of
     64: the ready ones run at once; the refused ones stay queued (never dropped), each tried

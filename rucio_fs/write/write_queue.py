@@ -171,9 +171,11 @@ class WriteQueue:
         self.wb = writeback
         self.parallelism = parallelism
         self.remove_batch_max = max(1, remove_batch_max)
-        #: Whether an ``rmdir`` may go in one batch with the removals below it (a catalog
-        #: whose directories are implied by the keys below them: a key a failed removal
-        #: leaves keeps its directory, whatever the order the batch was carried out in).
+        #: Whether an ``rmdir`` may go in one batch with the removals below it, after them
+        #: (a catalog whose directories are implied by the keys below them: a key a failed
+        #: removal leaves keeps its directory). Never beside a batch that holds one of them:
+        #: a server that keeps directories on disk (versitygw) refuses the marker of a
+        #: directory that still holds a file.
         self.rmdir_joins_batch = implied_directories
         #: Queued ops by their queue key (insertion order is the order they run in).
         self.ops: dict[int, Op] = {}
@@ -403,6 +405,10 @@ class WriteQueue:
                 if len(batch) >= self.remove_batch_max:
                     self._start(nursery, batch)
                     slots -= 1
+                    # on its way beside the next batch: an rmdir of that one waits for it
+                    for sent in batch:
+                        outside_paths.add(sent.path)
+                        outside_above.update(ancestors(sent.path))
                     batch = []
             else:
                 self._start(nursery, [op])
