@@ -205,6 +205,9 @@ class WriteQueue:
         self._held_above: Counter[str] = Counter()
         #: Set when an op leaves while a writer waits for room (see :meth:`room`).
         self._left: trio.Event | None = None
+        #: Whether the scheduler yields to a busy mount and looks again within QUIET: an op
+        #: added meanwhile waits for that pass instead of waking it (one per FUSE request).
+        self._looking_again = False
 
     def add(self, op: Op, not_before: float = 0.0) -> None:
         """Queue ``op`` after everything queued before it; ``not_before`` (trio time): it
@@ -219,7 +222,8 @@ class WriteQueue:
         if not_before > trio.current_time():
             op.not_before = not_before
             self._hold(op)
-        self._wake.set()
+        if not self._looking_again:
+            self._wake.set()
 
     @property
     def full(self) -> bool:
@@ -418,7 +422,8 @@ class WriteQueue:
         if not started and self._free >= self.parallelism:
             self._idle.set()
         next_retry = self._backoff[0][0] if self._backoff else math.inf
-        if yielding and self._ready:
+        self._looking_again = yielding and bool(self._ready)
+        if self._looking_again:
             next_retry = min(next_retry, now + QUIET)  # look again after a pause
         return max(0.0, next_retry - now)
 
