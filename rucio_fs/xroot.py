@@ -143,13 +143,14 @@ class RootReader:
         def ping() -> None:
             try:
                 client = bindings(self.timeout, self.credentials)
-                status, _ = client.FileSystem(url).ping(timeout=max(1, math.ceil(self.timeout)))
-            except RucioFsError as exc:
-                status = exc
-            if getattr(status, "ok", False):
+            except RucioFsError as exc:  # (the package missing: its reads will say so)
+                log.debug("no connection ahead to %s: %s", url, exc)
+                return
+            status, _ = client.FileSystem(url).ping(timeout=max(1, math.ceil(self.timeout)))
+            if status.ok:
                 self.counters["logins_ahead"] += 1
             else:
-                log.debug("no connection ahead to %s: %s", url, getattr(status, "message", status))
+                log.debug("no connection ahead to %s: %s", url, status.message)
 
         await trio.to_thread.run_sync(ping, limiter=self._limiter, abandon_on_cancel=True)
 

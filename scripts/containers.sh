@@ -121,6 +121,10 @@ build() {
 }
 
 servers() {
+  case ${1:-} in
+    ""|s3) ;;
+    *) log "servers: the images are the Rucio and S3 stacks' (no argument) or the S3 stack's (s3), not $1"; exit 2 ;;
+  esac
   golang
   image containers/dev/servers/Dockerfile "rucio-fs-dev-servers${1:+-$1}" \
     --build-arg "STACKS=${1:-rucio s3}"

@@ -48,6 +48,9 @@ KINDS = ("drop", "stall", "corrupt", "error", "short-token", "slowdown", "deny",
          "lost-ok", "late")
 #: Seconds a ``late`` answer waits before the request is forwarded.
 LATE = 0.3
+#: The faults answered with an S3 error instead of forwarding: (status, code, message).
+S3_ERRORS = {"slowdown": (503, "SlowDown", "Please reduce your request rate."),
+             "deny": (403, "AccessDenied", "Access Denied")}
 
 
 @dataclass(eq=False)
@@ -167,17 +170,9 @@ class FaultProxy:
             self._take_fault(*request)
             _fake_ok(handler, sent)
             return
-        if before == "slowdown":
+        if before in S3_ERRORS:
             self._take_fault(*request)
-            _answer(handler, 503, {"Content-Type": "application/xml"},
-                    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
-                    b"<Message>Please reduce your request rate.</Message></Error>")
-            return
-        if before == "deny":
-            self._take_fault(*request)
-            _answer(handler, 403, {"Content-Type": "application/xml"},
-                    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>AccessDenied</Code>"
-                    b"<Message>Access Denied</Message></Error>")
+            _s3_error(handler, *S3_ERRORS[before])
             return
         if before == "error":
             self._take_fault(*request)
@@ -201,9 +196,7 @@ class FaultProxy:
                  if before != "late" and (data or 200 <= status < 300) else None)
         assert fault not in ("error", "slowdown", "deny", "fake-ok", "late")
         if fault == "lost-ok":
-            _answer(handler, 500, {"Content-Type": "application/xml"},
-                    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError"
-                    b"</Code><Message>injected after the work was done</Message></Error>")
+            _s3_error(handler, 500, "InternalError", "injected after the work was done")
             return
         if fault == "corrupt":
             middle = len(data) // 2
@@ -283,6 +276,13 @@ def _answer(handler: BaseHTTPRequestHandler, status: int, headers: dict[str, str
     handler.end_headers()
     if handler.command != "HEAD":
         handler.wfile.write(body)
+
+
+def _s3_error(handler: BaseHTTPRequestHandler, status: int, code: str, message: str) -> None:
+    """An S3 error answer instead of the upstream's."""
+    _answer(handler, status, {"Content-Type": "application/xml"},
+            f"<?xml version='1.0' encoding='UTF-8'?><Error><Code>{code}</Code>"
+            f"<Message>{message}</Message></Error>".encode())
 
 
 class FaultNeverFired(AssertionError):

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import REPO, free_ports, wait_for
 from rucio_fs.backends.demo.backend import README
+from test_containers import load_compose, mount_line, run_mount_line, unmount
 
 SCRIPT = REPO / "scripts" / "containers.sh"
 TAG = "rucio-fs:test"
@@ -137,21 +137,15 @@ def test_the_s3_dev_stack_starts_from_its_compose_file(podman, tmp_path):
         assert up.returncode == 0, up.stderr[-3000:]
         # the stack's health check (podman 4.3 does not wait for it)
         wait_for((state / "s3" / "ready").exists, timeout=180, interval=0.5)
-        line = yaml.safe_load(S3_STACK.read_text())["x-rucio-fs"]["mount"].split()
-        credentials = dict(word.split("=", 1) for word in line[:2])
+        line = mount_line(load_compose(S3_STACK))
         mountpoint = tmp_path / "mnt"
-        mountpoint.mkdir()
-        mounted = subprocess.run(
-            [sys.executable, "-m", "rucio_fs", "mount", "s3://test/stack", str(mountpoint),
-             "-o", f"endpoint_url=http://127.0.0.1:{vgw}"],
-            env={**os.environ, **credentials}, capture_output=True, text=True, timeout=120)
-        assert mounted.returncode == 0, mounted.stderr
+        run_mount_line(line, mountpoint, {}, url=f"{line.url}/stack",
+                       options=["-o", f"endpoint_url=http://127.0.0.1:{vgw}"])
         try:
             body = os.urandom(1 << 20)
             (mountpoint / "data.bin").write_bytes(body)
         finally:
-            subprocess.run([sys.executable, "-m", "rucio_fs", "unmount", str(mountpoint)],
-                           capture_output=True, timeout=60)
+            unmount(mountpoint)
         stored = state / "s3" / "vgw-data" / "test" / "stack" / "data.bin"
         assert hashlib.md5(stored.read_bytes()).hexdigest() == hashlib.md5(body).hexdigest()
     finally:
