@@ -173,13 +173,19 @@ def httpx_stream(url: str, ctx: ssl.SSLContext | bool, total: int) -> float:
     return time.perf_counter() - start
 
 
-def small_requests(url: str, count: int, idle: float) -> None:
-    """Catalog-sized requests (HEAD, and PUT of 4 KiB back to ``url``) one after another on
-    trio, through httpx's own connection machinery (httpcore/h11 on trio sockets) and
-    through :class:`rucio_fs.http.ApiClient` (built and signed by httpx, sent by
-    ``http.client`` in a worker thread): the daemon's CPU per request (``time.process_time``,
-    all threads) and the wall time. ``idle``: seconds of quiet before each request, as a
-    first byte meets it (the loop, the threads and the CPU caches have gone cold)."""
+def small_requests(url: str, count: int, idle: float, concurrency: int = 1) -> None:
+    """Catalog-sized requests (HEAD, and PUT of 4 KiB back to ``url``) on trio, three ways:
+    through httpx's own connection machinery (httpcore/h11 on trio sockets), through
+    :class:`rucio_fs.http.ApiClient` (h11 on trio sockets, :mod:`rucio_fs.exchange`), and the
+    same requests sent by ``http.client`` from a worker thread (the baseline). Prints the
+    daemon's CPU per request (``time.process_time``, all threads) and the wall time.
+    ``idle``: seconds of quiet before each request, as a first byte meets it (the loop, the
+    threads and the CPU caches have gone cold); ``concurrency``: requests in flight at once,
+    as write-back uploads are."""
+    import functools
+    import http.client
+    import threading
+
     import httpx
     import trio
 
@@ -199,6 +205,25 @@ def small_requests(url: str, count: int, idle: float) -> None:
 
     httpx_client = httpx.AsyncClient(auth=signer)
     api = ApiClient(base, signer=signer)
+    idle_conns: list[http.client.HTTPConnection] = []
+    lock = threading.Lock()
+
+    def thread_exchange(method: str, target: str, headers: dict[str, str],
+                        content: bytes) -> int:
+        with lock:
+            conn = idle_conns.pop() if idle_conns else None
+        if conn is None:
+            conn = (http.client.HTTPSConnection if parts.scheme == "https"
+                    else http.client.HTTPConnection)(parts.hostname, parts.port)
+        conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        conn.endheaders(content or None)
+        response = conn.getresponse()
+        response.read()
+        with lock:
+            idle_conns.append(conn)
+        return response.status
 
     async def via_httpx(method: str) -> None:
         response = await httpx_client.request(method, url,
@@ -209,26 +234,48 @@ def small_requests(url: str, count: int, idle: float) -> None:
     async def via_api(method: str) -> None:
         await api.request(method, parts.path, content=body if method == "PUT" else None)
 
+    async def via_thread(method: str) -> None:
+        content = body if method == "PUT" else b""
+        _, target, wire, _, _ = await api._wire(method, parts.path, {},
+                                                {"content": content})
+        status = await trio.to_thread.run_sync(functools.partial(
+            thread_exchange, method, target, wire, content))
+        assert status == 200, status
+
     async def run(send: Callable, method: str) -> tuple[float, float]:
         cpu = wall = 0.0
-        for _ in range(count):
-            if idle:
-                await trio.sleep(idle)
-            c, w = time.process_time(), time.perf_counter()
-            await send(method)
-            cpu += time.process_time() - c
-            wall += time.perf_counter() - w
-        return cpu / count * 1e6, wall / count * 1e6
+
+        async def worker(n: int) -> None:
+            nonlocal cpu, wall
+            for _ in range(n):
+                if idle:
+                    await trio.sleep(idle)
+                c, w = time.process_time(), time.perf_counter()
+                await send(method)
+                if concurrency == 1:
+                    cpu += time.process_time() - c
+                    wall += time.perf_counter() - w
+
+        c, w = time.process_time(), time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(concurrency):
+                nursery.start_soon(worker, count // concurrency)
+        if concurrency > 1:  # all requests' CPU, and the wall time per request
+            cpu, wall = time.process_time() - c, time.perf_counter() - w
+        done = count // concurrency * concurrency
+        return cpu / done * 1e6, wall / done * 1e6
 
     async def main() -> None:
         clients = {"httpx (httpcore/h11 on trio)": via_httpx,
-                   "ApiClient (http.client thread)": via_api}
+                   "ApiClient (h11 on trio)": via_api,
+                   "http.client in a worker thread": via_thread}
         for method in ("PUT", "HEAD"):
             for name, send in clients.items():
                 await send(method)  # warm: connections made
                 cpu, wall = await run(send, method)
                 print(f"{method:4s} {name:31s} {cpu:6.0f} us CPU {wall:6.0f} us wall"
-                      + (f" (after {idle * 1000:.0f} ms idle)" if idle else ""), flush=True)
+                      + (f" (after {idle * 1000:.0f} ms idle)" if idle else "")
+                      + (f" ({concurrency} at once)" if concurrency > 1 else ""), flush=True)
         await httpx_client.aclose()
         await api.aclose()
 
@@ -285,6 +332,8 @@ def main() -> None:
                     help="instead: N small requests to URL (a writable object), per client")
     ap.add_argument("--idle", type=float, default=0.0, metavar="SECONDS",
                     help="--small: quiet before each request (e.g. 0.2: a first byte's case)")
+    ap.add_argument("--concurrency", type=int, default=1, metavar="C",
+                    help="--small: requests in flight at once (e.g. 16: write-back uploads)")
     ap.add_argument("--signing", type=int, default=0, metavar="N",
                     help="instead: N SigV4 signatures per signer (with --idle between)")
     args = ap.parse_args()
@@ -292,7 +341,7 @@ def main() -> None:
         signing(args.signing, args.idle)
         return
     if args.small:
-        small_requests(args.url, args.small, args.idle)
+        small_requests(args.url, args.small, args.idle, args.concurrency)
         return
     total = args.size_mib << 20
     ctx = ssl.create_default_context(cafile=args.cacert) if args.cacert else None

@@ -4,13 +4,13 @@ into typed errors, to stream ndjson and to read byte ranges.
 Two clients, chosen by measurement (``benchmarks/bench_http.py``, loopback, 1 MiB ranges):
 
 * :class:`ApiClient` for catalog requests: JSON, XML pages, ndjson listings, auth. A
-  one-shot request is sent by ``http.client`` from a worker thread over a pool of keep-alive
-  connections (put together here when it is a path and a body, by httpx when it has JSON or
-  form fields); an ndjson listing streams through httpx on trio (parsed as it arrives). These
-  requests are small and latency-bound: in a busy loop the two ways cost about the same CPU
-  (``bench_http.py --small``), but a request after an idle pause -- a first byte's case --
-  took 0.4-0.8 ms less in the thread than through httpx's own connection machinery (a signed
-  S3 LIST in the daemon 3.1 → 2.3 ms; ``--small --idle 0.2``).
+  one-shot request is put together here when it is a path and a body (by httpx when it has
+  JSON or form fields) and exchanged on the event loop by :mod:`rucio_fs.exchange` (h11 on
+  trio sockets, keep-alive connections). httpx's own connection machinery cost 3-4 times
+  the CPU per request, and ``http.client`` from a worker thread cost more than the exchange
+  whenever many requests were in flight, the GIL going back and forth with the event loop
+  (``bench_http.py --small N --concurrency 16``). An ndjson listing streams through
+  ``http.client`` in a thread of its own (:class:`_Stream`), parsed as it arrives.
 * :class:`RangeReader` (the standard library's ``http.client`` in worker threads, reading into
   one buffer with ``readinto``) for data. httpx moves 0.37-0.45 GB/s here whatever the number of
   threads; ``http.client`` moved 3.7-4.2 GB/s (urllib3 1.7-2.3, pycurl 2.1-3.4, curl 2.2),
@@ -62,6 +62,7 @@ from rucio_fs.errors import (
     Unauthorized,
     Unavailable,
 )
+from rucio_fs.exchange import Exchanges
 
 log = logging.getLogger(__name__)
 # httpx logs every request at INFO: far too much for a daemon's log.
@@ -71,8 +72,10 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 RETRYABLE = frozenset({408, 429, 500, 502, 503, 504})
 #: Answers that send the client elsewhere (followed by httpx).
 REDIRECTS = frozenset({301, 302, 303, 307, 308})
-#: Catalog requests of one client in worker threads at once (and idle connections kept).
-DIRECT_THREADS = 32
+#: One-shot requests of one client at once (and idle connections kept per server).
+DIRECT_REQUESTS = 32
+#: Idle connections kept for streamed answers.
+STREAMS_KEPT = 8
 #: Range reads of one reader in flight at once. Strided read-ahead keeps the next pieces of
 #: several reader threads in flight together, each waiting on the network, not the CPU.
 RANGE_THREADS = 48
@@ -242,7 +245,8 @@ class ApiClient:
         self._signer = signer
         #: One-shot requests go out with ``http.client`` from a worker thread, unless a proxy
         #: from the environment applies (httpx honours it).
-        self._direct: _Exchanges | None = None
+        self._direct: Exchanges | None = None
+        self._streams: _Streams | None = None
         if not _environment_proxy(self.base_url):
             if isinstance(verify, ssl.SSLContext):
                 context = verify
@@ -253,7 +257,8 @@ class ApiClient:
                     context.verify_mode = ssl.CERT_NONE
             else:
                 context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # never used: plain http
-            self._direct = _Exchanges(_Pool(context, timeout, max_idle=DIRECT_THREADS))
+            self._direct = Exchanges(context, timeout, limit=DIRECT_REQUESTS)
+            self._streams = _Streams(_Pool(context, timeout, max_idle=STREAMS_KEPT))
         base = urlsplit(self.base_url)
         self._endpoint = _server(base.scheme, base.hostname, base.port)
         self._host_header = base.netloc
@@ -265,7 +270,9 @@ class ApiClient:
     async def aclose(self) -> None:
         await self._client.aclose()
         if self._direct is not None:
-            self._direct.pool.close()
+            self._direct.close()
+        if self._streams is not None:
+            self._streams.pool.close()
 
     async def request(self, method: str, path: str, *, expect: Iterable[int] = (200,),
                       what: str = "", **kwargs: Any) -> httpx.Response:
@@ -297,17 +304,13 @@ class ApiClient:
 
     async def _send_direct(self, method: str, path: str, headers: dict[str, str],
                            kwargs: dict[str, Any]) -> httpx.Response | None:
-        """One exchange with ``http.client`` in a worker thread, the answer handed back as an
+        """One exchange on trio (:mod:`rucio_fs.exchange`), the answer handed back as an
         httpx response; None for a redirect (the caller then sends the request the httpx
-        way, which follows it). Measured after an idle pause, as a first byte meets it
-        (``bench_http.py --small --idle 0.2``): httpx's own connection machinery on trio
-        cost 0.4-0.8 ms more per request than the thread."""
+        way, which follows it)."""
         assert self._direct is not None
         endpoint, target, wire, body, timeout = await self._wire(method, path, headers, kwargs)
-        status, answer_headers, content = await trio.to_thread.run_sync(
-            functools.partial(self._direct.exchange, endpoint, method, target, wire, body,
-                              timeout),
-            limiter=self._direct.limiter, abandon_on_cancel=True)
+        status, answer_headers, content = await self._direct.exchange(
+            endpoint, method, target, wire, body, timeout)
         if status in REDIRECTS:
             return None
         return httpx.Response(status, headers=answer_headers, content=content)
@@ -398,8 +401,8 @@ class ApiClient:
         """A request's answer whose body is read as it arrives: through ``http.client`` in a
         thread of its own (see :class:`_Stream`), else (a proxy from the environment, or a
         redirect, which httpx follows) through httpx."""
-        if self._direct is not None:
-            stream = _Stream(self._direct, *await self._wire(method, path, headers,
+        if self._streams is not None:
+            stream = _Stream(self._streams, *await self._wire(method, path, headers,
                                                              dict(kwargs)), method=method)
             try:
                 status, answer_headers = await stream.head()
@@ -537,24 +540,12 @@ class _Pool:
             conn.close()
 
 
-class _Exchanges:
-    """Whole request/answer exchanges over a :class:`_Pool`, run in worker threads."""
+class _Streams:
+    """Requests whose answers are read as they arrive, over a :class:`_Pool`, each in a
+    worker thread of its own."""
 
     def __init__(self, pool: _Pool) -> None:
         self.pool = pool
-        self.limiter = trio.CapacityLimiter(DIRECT_THREADS)
-
-    def exchange(self, key: tuple[str, str, int], method: str, target: str,
-                 headers: Mapping[str, str], body: bytes | bytearray | memoryview,
-                 timeout: float | None) -> tuple[int, list[tuple[str, str]], bytes]:
-        """Send ``method target`` with ``headers`` (``host`` among them) and ``body`` to the
-        server ``key`` (scheme, host, port); (status, headers, whole body). Failures raise
-        the httpx transport error they are (so retries treat both paths alike)."""
-        conn, response = self._send(key, method, target, headers, body, timeout)
-        with _closed_on_failure(conn):
-            content = response.read()
-        self._done(key, conn, response, timeout)
-        return response.status, response.getheaders(), content
 
     def stream(self, key: tuple[str, str, int], method: str, target: str,
                headers: Mapping[str, str], body: bytes | bytearray | memoryview,
@@ -664,7 +655,7 @@ class _Stream:
     listing of 10,000 DIDs: 0.18 s against 0.45 s), the difference between a cold ``ls -l``
     bound by the server and one bound by the client."""
 
-    def __init__(self, exchanges: _Exchanges, key: tuple[str, str, int], target: str,
+    def __init__(self, exchanges: _Streams, key: tuple[str, str, int], target: str,
                  headers: Mapping[str, str], body: bytes | bytearray | memoryview,
                  timeout: float | None, *, method: str) -> None:
         self._queue: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()

@@ -192,6 +192,7 @@ def _storage_class(name: str) -> Mapping[str, str]:
     return MappingProxyType({"storage_class": name} if name else {})
 
 
+@functools.lru_cache(maxsize=64)  # (answers of one second carry one date)
 def _http_date_ns(text: str | None) -> int:
     try:
         return int(parsedate_to_datetime(text).timestamp() * 1e9) if text else 0
