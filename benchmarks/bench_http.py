@@ -176,7 +176,7 @@ def httpx_stream(url: str, ctx: ssl.SSLContext | bool, total: int) -> float:
 def small_requests(url: str, count: int, idle: float, concurrency: int = 1) -> None:
     """Catalog-sized requests (HEAD, and PUT of 4 KiB back to ``url``) on trio, three ways:
     through httpx's own connection machinery (httpcore/h11 on trio sockets), through
-    :class:`rucio_fs.http.ApiClient` (h11 on trio sockets, :mod:`rucio_fs.exchange`), and the
+    :class:`rucio_fs.http.ApiClient` (on trio sockets, :mod:`rucio_fs.exchange`), and the
     same requests sent by ``http.client`` from a worker thread (the baseline). Prints the
     daemon's CPU per request (``time.process_time``, all threads) and the wall time.
     ``idle``: seconds of quiet before each request, as a first byte meets it (the loop, the
@@ -267,7 +267,7 @@ def small_requests(url: str, count: int, idle: float, concurrency: int = 1) -> N
 
     async def main() -> None:
         clients = {"httpx (httpcore/h11 on trio)": via_httpx,
-                   "ApiClient (h11 on trio)": via_api,
+                   "ApiClient (on trio sockets)": via_api,
                    "http.client in a worker thread": via_thread}
         for method in ("PUT", "HEAD"):
             for name, send in clients.items():

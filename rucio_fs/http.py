@@ -5,8 +5,8 @@ Two clients, chosen by measurement (``benchmarks/bench_http.py``, loopback, 1 Mi
 
 * :class:`ApiClient` for catalog requests: JSON, XML pages, ndjson listings, auth. A
   one-shot request is put together here when it is a path and a body (by httpx when it has
-  JSON or form fields) and exchanged on the event loop by :mod:`rucio_fs.exchange` (h11 on
-  trio sockets, keep-alive connections). httpx's own connection machinery cost 3-4 times
+  JSON or form fields) and exchanged on the event loop by :mod:`rucio_fs.exchange` (trio
+  sockets, keep-alive connections). httpx's own connection machinery cost 3-4 times
   the CPU per request, and ``http.client`` from a worker thread cost more than the exchange
   whenever many requests were in flight, the GIL going back and forth with the event loop
   (``bench_http.py --small N --concurrency 16``). An ndjson listing streams through

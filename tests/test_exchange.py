@@ -5,6 +5,7 @@ whose next answer belongs to another request. Against a real HTTP server on 127.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
@@ -182,3 +183,150 @@ def test_a_cancelled_request_never_hands_its_answer_to_the_next(server):
         return content
 
     assert trio.run(main) == b"z" * 1000
+
+
+#: Raw answers of the scripted server, by request path (each ends its connection's use
+#: as noted).
+RAW_ANSWERS = {
+    "/interim": b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nafter",
+    "/chunk-extras": (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      b"3;name=value\r\nabc\r\n2\r\nde\r\n0\r\nTrailer-Field: x\r\n\r\n"),
+    "/http10": b"HTTP/1.0 200 OK\r\nContent-Length: 4\r\n\r\nold.",
+    "/two-lengths": b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd",
+    "/not-http": b"SSH-2.0-OpenSSH_9.2\r\n\r\n",
+    "/folded": b"HTTP/1.1 200 OK\r\nX-A: one\r\n two\r\nContent-Length: 0\r\n\r\n",
+    "/bad-chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+    "/long-chunk": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabc\r\n0\r\n\r\n",
+    "/short": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this",
+    # kept open, but the next request on it is read and never answered
+    "/then-drop": b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nkept",
+    "/fresh": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh",
+    # said, but the connection stays open a while: any request sent on it is counted
+    "/says-close": b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 3\r\n\r\nbye",
+}
+
+
+@pytest.fixture
+def scripted() -> Iterator[tuple[int, list[int]]]:
+    """A TCP server on 127.0.0.1 answering each request with ``RAW_ANSWERS[path]`` (then
+    closing when the answer says so or is malformed): (port, requests per connection)."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    per_connection: list[int] = []
+
+    def serve(conn: socket.socket) -> None:
+        index = len(per_connection)
+        per_connection.append(0)
+        data = b""
+        drop_next = False
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, data = data.partition(b"\r\n\r\n")
+                per_connection[index] += 1
+                if drop_next:
+                    return
+                path = head.split(b" ")[1].decode()
+                drop_next = path == "/then-drop"
+                answer = RAW_ANSWERS[path]
+                conn.sendall(answer)
+                if path == "/says-close":
+                    conn.settimeout(0.5)
+                    with contextlib.suppress(OSError):
+                        per_connection[index] += bool(conn.recv(65536))
+                    return
+                if path not in ("/interim", "/chunk-extras", "/then-drop", "/fresh"):
+                    return
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1], per_connection
+    finally:
+        listener.close()
+
+
+def test_interim_answers_chunk_extensions_and_trailers_are_read_past(scripted):
+    port, per_connection = scripted
+
+    async def main() -> list[bytes]:
+        api = ApiClient(f"http://127.0.0.1:{port}")
+        bodies = [(await api.request("GET", path)).content
+                  for path in ("/interim", "/chunk-extras", "/interim", "/http10", "/interim")]
+        await api.aclose()
+        return bodies
+
+    assert trio.run(main) == [b"after", b"abcde", b"after", b"old.", b"after"]
+    # kept across the first three; an HTTP/1.0 answer ends its connection
+    assert per_connection == [4, 1]
+
+
+@pytest.mark.parametrize("path", ["/two-lengths", "/not-http", "/folded", "/bad-chunk",
+                                  "/long-chunk", "/short"])
+def test_an_answer_that_breaks_the_framing_is_a_protocol_error_never_a_body(scripted, path):
+    port, per_connection = scripted
+
+    async def main() -> None:
+        api = ApiClient(f"http://127.0.0.1:{port}", retry=RetryPolicy(attempts=2, backoff=0.01))
+        try:
+            with pytest.raises(Unavailable, match="RemoteProtocolError after 2 attempts"):
+                await api.request("GET", path)
+        finally:
+            await api.aclose()
+
+    trio.run(main)
+    assert per_connection == [1, 1]
+
+
+def test_a_header_that_would_break_the_request_is_refused_before_sending(server):
+    from rucio_fs.errors import BadRequestTarget
+
+    async def main() -> int:
+        api = _client(server)
+        with pytest.raises(BadRequestTarget, match="x-smuggled"):
+            await api.request("GET", "/sized/a", headers={"x-smuggled": "a\r\nX-Other: b"})
+        await api.aclose()
+        return api.counters["retries"]
+
+    assert trio.run(main) == 0
+    assert server.connections == 0
+
+
+def test_a_kept_connection_dropped_as_the_request_arrives_is_replaced_at_once(scripted):
+    """The server took the request on a kept connection and closed it without a byte of
+    answer: the request goes again on a new connection, at once, not as a retry."""
+    port, per_connection = scripted
+
+    async def main() -> tuple[list[bytes], int]:
+        api = ApiClient(f"http://127.0.0.1:{port}")
+        bodies = [(await api.request("GET", path)).content for path in ("/then-drop", "/fresh")]
+        await api.aclose()
+        return bodies, api.counters["retries"]
+
+    assert trio.run(main) == ([b"kept", b"fresh"], 0)
+    assert per_connection == [2, 1]
+
+
+def test_an_answer_that_says_close_ends_its_connection(scripted):
+    port, per_connection = scripted
+
+    async def main() -> list[bytes]:
+        api = ApiClient(f"http://127.0.0.1:{port}")
+        bodies = [(await api.request("GET", path)).content for path in ("/says-close", "/fresh")]
+        await api.aclose()
+        return bodies
+
+    assert trio.run(main) == [b"bye", b"fresh"]
+    assert per_connection == [1, 1]
