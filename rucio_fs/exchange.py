@@ -2,11 +2,11 @@
 
 This is how :class:`~rucio_fs.http.ApiClient` sends a one-shot request (every S3 request, a
 Rucio catalog call). It runs on the event loop itself: no worker thread, no hand-off of the
-GIL. With 16 signed 4 KiB S3 PUTs in flight (``benchmarks/bench_http.py --small 2000
---concurrency 16``), a request cost 235 µs of CPU this way, 262 µs sent by ``http.client``
-from a worker thread and 753 µs through httpx; a HEAD 148, 221 and 665 µs. In the daemon the
-difference is larger, its event loop being busy: the uploads of 6,400 small files written
-back took 3.5 s of its CPU against 5.3-6.3 s from worker threads.
+GIL. With 16 signed 4 KiB S3 PUTs in flight (``benchmarks/bench_http.py --small 3000
+--concurrency 16``), a request cost 193 µs of CPU this way, 380 µs sent by ``http.client``
+from a worker thread and 994 µs through httpx; a HEAD 108, 310 and 855 µs. In the daemon,
+the uploads of 6,400 small files written back took 2.4 s of its CPU, against 4.2-4.5 s from
+worker threads.
 
 The framing is written here, not left to h11: keeping h11's state machine for a request and
 its answer cost 35-60 µs of CPU, framing them here 2-3 µs (an S3 PUT and its answer, parsed
