@@ -243,8 +243,8 @@ class ApiClient:
         self._client = httpx.AsyncClient(verify=verify, timeout=timeout, headers=headers,
                                          follow_redirects=True, auth=signer)
         self._signer = signer
-        #: One-shot requests go out with ``http.client`` from a worker thread, unless a proxy
-        #: from the environment applies (httpx honours it).
+        #: One-shot requests are exchanged on trio and streamed answers read in a thread,
+        #: unless a proxy from the environment applies (httpx honours it).
         self._direct: Exchanges | None = None
         self._streams: _Streams | None = None
         if not _environment_proxy(self.base_url):
