@@ -183,13 +183,11 @@ def small_requests(url: str, count: int, idle: float, concurrency: int = 1) -> N
     threads and the CPU caches have gone cold); ``concurrency``: requests in flight at once,
     as write-back uploads are."""
     import functools
-    import http.client
-    import threading
 
     import httpx
     import trio
 
-    from rucio_fs.http import ApiClient
+    from rucio_fs.http import ApiClient, _Pool, _server, _Streams
 
     body = b"x" * 4096
     parts = urlsplit(url)
@@ -205,24 +203,15 @@ def small_requests(url: str, count: int, idle: float, concurrency: int = 1) -> N
 
     httpx_client = httpx.AsyncClient(auth=signer)
     api = ApiClient(base, signer=signer)
-    idle_conns: list[http.client.HTTPConnection] = []
-    lock = threading.Lock()
+    # the old way, with the project's own pool of http.client connections
+    streams = _Streams(_Pool(ssl.create_default_context(), 30.0, max_idle=concurrency))
+    server = _server(parts.scheme, parts.hostname, parts.port)
 
     def thread_exchange(method: str, target: str, headers: dict[str, str],
                         content: bytes) -> int:
-        with lock:
-            conn = idle_conns.pop() if idle_conns else None
-        if conn is None:
-            conn = (http.client.HTTPSConnection if parts.scheme == "https"
-                    else http.client.HTTPConnection)(parts.hostname, parts.port)
-        conn.putrequest(method, target, skip_host=True, skip_accept_encoding=True)
-        for name, value in headers.items():
-            conn.putheader(name, value)
-        conn.endheaders(content or None)
-        response = conn.getresponse()
+        conn, response = streams._send(server, method, target, headers, content, None)
         response.read()
-        with lock:
-            idle_conns.append(conn)
+        streams._done(server, conn, response, None)
         return response.status
 
     async def via_httpx(method: str) -> None:

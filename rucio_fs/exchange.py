@@ -244,15 +244,8 @@ async def _read_head(conn: _Connection, scope: trio.CancelScope, wait: float
                      ) -> tuple[int, str, list[tuple[str, str]], dict[str, str]]:
     """(status, version, headers as sent, the framing fields by lower-case name) of the
     next answer head."""
-    buffer = conn.buffer
-    searched = 0
-    while (end := buffer.find(b"\r\n\r\n", searched)) < 0:
-        if len(buffer) > MAX_HEAD:
-            raise _Malformed(f"an answer head over {MAX_HEAD} bytes")
-        searched = max(0, len(buffer) - 3)
-        await _fill(conn, scope, wait)
-    lines = buffer[:end].decode("latin-1").split("\r\n")
-    del buffer[:end + 4]
+    lines = (await _up_to(conn, b"\r\n\r\n", "an answer head", scope, wait)
+             ).decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
     code = rest[:3]
     if not (version.startswith("HTTP/1.") and code.isdigit() and rest[3:4] in ("", " ")):
@@ -298,16 +291,23 @@ async def _read_chunked(conn: _Connection, scope: trio.CancelScope, wait: float)
 
 async def _line(conn: _Connection, scope: trio.CancelScope, wait: float) -> bytes:
     """The next CRLF-ended line of the answer, without its CRLF."""
+    return await _up_to(conn, b"\r\n", "a line", scope, wait)
+
+
+async def _up_to(conn: _Connection, end_mark: bytes, what: str, scope: trio.CancelScope,
+                 wait: float) -> bytes:
+    """The answer's bytes before the next ``end_mark``, taken with it; ``what`` they are
+    names them when they run past :data:`MAX_HEAD` bytes (a malformed answer)."""
     buffer = conn.buffer
     searched = 0
-    while (end := buffer.find(b"\r\n", searched)) < 0:
+    while (end := buffer.find(end_mark, searched)) < 0:
         if len(buffer) > MAX_HEAD:
-            raise _Malformed(f"a line over {MAX_HEAD} bytes")
-        searched = max(0, len(buffer) - 1)
+            raise _Malformed(f"{what} over {MAX_HEAD} bytes")
+        searched = max(0, len(buffer) - len(end_mark) + 1)
         await _fill(conn, scope, wait)
-    line = bytes(buffer[:end])
-    del buffer[:end + 2]
-    return line
+    taken = bytes(buffer[:end])
+    del buffer[:end + len(end_mark)]
+    return taken
 
 
 async def _take(conn: _Connection, size: int, scope: trio.CancelScope, wait: float) -> bytes:
