@@ -22,7 +22,7 @@ from typing import Any
 import pyfuse3
 import pytest
 import trio
-from conftest import run_cli, wait_for
+from conftest import journal_records, run_cli, staged_bytes, wait_for
 from fault_proxy import fault_proxy
 from test_s3 import mount_s3, unique
 from test_write_faults import _stored
@@ -267,6 +267,47 @@ def test_a_write_during_the_sync_of_an_async_close_is_synced_by_the_next_close(t
             await writes.close(dirty)
             await writes.close(dirty)  # the close after the newer write
             assert len(syncs) == 2, "the write made during the first sync was never synced"
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("durable", ["fsync", "close"])
+def test_an_async_close_of_a_small_file_accounts_for_it_once_and_its_upload_frees_its_slot(
+        tmp_path, durable):
+    """Promise (async write-back): once a ``close`` returned, the journal accounts for the
+    content, so a next mount would upload it. With ``--durable fsync`` (the default) the
+    record the first write made does, naming the arena slot that holds the content: the close
+    copies nothing (a read and a write per file). With ``--durable close`` the content is
+    copied into the journal with its record, which is synced. Either way the upload frees
+    what held the content."""
+    content = b"a small file"
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            harness = _Harness(tmp_path, nursery, asynchronous=True, durable=durable)
+            writes = harness.writes
+            appended = []
+            append = writes.journal.append
+            writes.journal.append = lambda record, inline=None: (  # type: ignore[method-assign]
+                appended.append(record["op"]) or append(record, inline))
+            dirty = writes.open("/f", None)
+            await dirty.write(0, content)
+            await writes.close(dirty)
+            # (No checkpoint since: the queued upload has not started.)
+            [record] = journal_records(tmp_path)
+            assert record["path"] == "/f" and staged_bytes(tmp_path, record) == content
+            if durable == "fsync":
+                assert "slot" in record and "inline" not in record
+                assert appended == ["stage"], "the close journaled the file again"
+            else:
+                assert "inline" in record and writes.journal.syncs == 1
+            await writes.release(dirty)
+            await writes.queue.wait(lambda op: True)
+            stored = await harness.backend.stat("/f")
+            handle = await harness.backend.open("/f", stored)
+            assert bytes(await harness.backend.read(handle, 0, 100)) == content
+            assert writes.arena.in_use == 0 and journal_records(tmp_path) == []
             nursery.cancel_scope.cancel()
 
     trio.run(main)

@@ -12,8 +12,10 @@ Contract:
   ``i * SLOT_STRIDE``: an 8-byte little-endian length, then up to :data:`SLOT_BYTES` of
   content. The length is written with every change of size, so a daemon killed at any point
   (``kill -9``) leaves each slot's content and length in the page cache for the next mount.
-* Nothing here is synced: a slot's content becomes durable across a power cut by being copied
-  into the journal (:mod:`rucio_fs.write.journal`, inline) at an async ``close``.
+* Nothing here is synced before unmount: with ``--durable close`` a slot's content becomes
+  durable across a power cut by being copied into the journal (:mod:`rucio_fs.write.journal`,
+  inline) at an async ``close``; by default an ``fsync`` waits for its upload instead, and the
+  slot holds the content until then.
 * A slot belongs to one file from :meth:`Arena.take` to :meth:`Arena.give_back`. Its journal
   record names the arena and the slot; :func:`read_slot` reads what a dead daemon left.
 """

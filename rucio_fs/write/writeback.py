@@ -5,8 +5,8 @@ Contract:
 * A :class:`DirtyFile` holds one file's new content locally, which is the truth until the
   backend has committed it; reads of the file are served from it meanwhile. A new file starts
   in a slot of the staging arena (:mod:`rucio_fs.write.arena`); one that outgrows it, or a stored
-  file being modified, has a staging file of its own; after an async close, a small file's
-  content is in the journal (inline) and nowhere else.
+  file being modified, has a staging file of its own; after an async close with ``--durable
+  close``, a small file's content is in the journal (inline) and nowhere else.
 * A file written from empty by appends streams to the backend as parts while the writer is
   still writing. The parts of all files on their way share the uploads' share of the memory
   limit (:mod:`rucio_fs.cache.budget`); a writer waits when it is spent. A write or truncate
@@ -26,9 +26,10 @@ Contract:
   locked (``flock``) by the daemon that writes it; an unlocked one that no pending record
   names is removed.
 * With ``--write-back async`` (:attr:`WriteBack.asynchronous`), ``close`` returns once the
-  content and its record are durable (up to :data:`INLINE_MAX`: both in the journal, one
-  ``fdatasync``; larger: the staging file and the journal) and the upload is queued
-  (:mod:`rucio_fs.write.write_queue`); ``mkdir``, ``unlink`` and ``rmdir`` are journaled and
+  content and its record are written (a daemon's crash loses neither) and the upload is
+  queued (:mod:`rucio_fs.write.write_queue`); with ``--durable close`` also once both are
+  durable (up to :data:`INLINE_MAX`: both in the journal, one ``fdatasync``; larger: the
+  staging file and the journal). ``mkdir``, ``unlink`` and ``rmdir`` are journaled and
   queued the same way (not synced: like a local file system's, they are durable after an
   ``fsync`` of their directory), and the mount shows the queued state at once (the overlay).
   ``fsync`` of a file waits for its upload, of a directory for every op below it, and unmount
@@ -1061,12 +1062,14 @@ class WriteBack:
         # What is made durable is the content as of now: a write landing during the sync
         # below is of a later generation, which the next close must sync again.
         generation = dirty.generation
-        if dirty.materialized and dirty.size <= INLINE_MAX and not dirty.kernel_writers:
+        if (durable and dirty.materialized and dirty.size <= INLINE_MAX
+                and not dirty.kernel_writers):
             # The content goes into the journal with its record: one fdatasync, of a
-            # preallocated file (no file-system journal commit), instead of two.
+            # preallocated file (no file-system journal commit), instead of two. (Without
+            # a sync, the record the first write made already covers the content where it
+            # is: copying it would cost the close a read and a write for nothing.)
             dirty.record(again=True, inline=dirty._read_range(0, dirty.size))
-            if durable:
-                self.journal.sync()
+            self.journal.sync()
             dirty.park()
         else:
             dirty.record()
