@@ -34,8 +34,9 @@ quiet .venv/bin/python -m pip install -e ".[test]"
 #   (docs/caches.md);
 # - scripts/pyfuse3-kernel-io.patch: the session's own /dev/fuse I/O; FUSE_INIT tells the
 #   kernel that lookups in one directory may run at once, which libfuse < 3.17 forgets to
-#   (docs/reading.md), and asks for passthrough when --passthrough wants it (docs/writing.md).
-patched='import pyfuse3, sys; sys.exit(not (hasattr(pyfuse3.FileInfo(), "cache_readdir") and hasattr(pyfuse3, "set_passthrough")))'
+#   (docs/reading.md), asks for passthrough when --passthrough wants it, and lets a new
+#   file's close send no FLUSH with async write-back (docs/writing.md).
+patched='import pyfuse3, sys; f = pyfuse3.FileInfo(); sys.exit(not (hasattr(f, "cache_readdir") and hasattr(f, "noflush") and hasattr(pyfuse3, "set_passthrough")))'
 if ! .venv/bin/python -c "$patched"; then
   version=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("pyfuse3").split("+")[0])')
   build=$(mktemp -d)

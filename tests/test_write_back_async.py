@@ -16,11 +16,14 @@ import random
 import shutil
 import signal
 import subprocess
+import threading
+import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import journal_records, run_cli, wait_for
+from conftest import RUCIO_FS, journal_records, run_cli, wait_for
 from fault_proxy import fault_proxy
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -228,6 +231,105 @@ def test_names_in_a_directory_whose_mkdir_never_ran_are_not_asked_of_the_server(
         drained(mnt)
     assert on_server(mount_fs, s3_catalog, tmp_path) == {
         **{f"d{i}": None for i in range(200)}, **{f"d{i}/f": b"%d" % i for i in range(200)}}
+
+
+@contextmanager
+def daemon_stopped(mnt):
+    """The mount's daemon stopped (SIGSTOP) for the block; running again after it, also
+    when it fails."""
+    pid = mnt.stats()["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def written_open(directory: Path, count: int) -> dict[str, tuple[int, bytes]]:
+    """``count`` new files written in ``directory`` and left open: name -> (fd, bytes)."""
+    directory.mkdir()
+    opened = {}
+    for i in range(count):
+        data = f"file {i}\n".encode() * (i % 50 + 1)
+        fd = os.open(directory / f"f{i:03d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, data)
+        opened[f"f{i:03d}"] = (fd, data)
+    return opened
+
+
+def close_while_stopped(opened: dict[str, tuple[int, bytes]]) -> None:
+    """Close every file (the daemon is stopped): with no FLUSH to answer, each ``close``
+    returns at once; the kernel queues their RELEASEs for when the daemon runs again."""
+    done = threading.Event()
+
+    def close_all() -> None:
+        for fd, _data in opened.values():
+            os.close(fd)
+        done.set()
+
+    closer = threading.Thread(target=close_all, daemon=True)
+    closer.start()
+    assert done.wait(10), "a close waited for the stopped daemon: it sent a FLUSH"
+
+
+def test_files_closed_without_a_flush_are_all_there_when_uploads_wait_returns(
+        s3_catalog, mount_fs, tmp_path):
+    """Promise: once ``close`` returned, ``rucio-fs uploads --wait`` returns only with the
+    file on the server. A new file's close sends no FLUSH with async write-back: the daemon
+    learns of it from the RELEASE the kernel sends afterwards. Here 300 closes return while
+    the daemon is stopped, so their RELEASEs are all still queued in the kernel when
+    ``uploads --wait`` asks."""
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, "--staging-dir",
+                   str(tmp_path / "staging"))
+    opened = written_open(mnt.path / "d", 300)
+    with daemon_stopped(mnt):
+        close_while_stopped(opened)
+        waiting = subprocess.Popen([*RUCIO_FS, "uploads", "--wait", str(mnt.path)],
+                                   stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)  # (connected, its request waits for the daemon)
+    out, _ = waiting.communicate(timeout=120)
+    assert waiting.returncode == 0 and "no pending uploads" in out, out
+    assert mnt.fuse_calls("flush") == 0, "the closes were flushed: nothing was tested"
+    held = on_server(mount_fs, s3_catalog, tmp_path)
+    assert {k: v for k, v in held.items() if k.startswith("d/")} == {
+        f"d/{name}": data for name, (_fd, data) in opened.items()}
+
+
+def test_files_closed_without_a_flush_are_on_the_server_when_fsync_of_their_directory_returns(
+        s3_catalog, mount_fs, tmp_path):
+    """Promise: an ``fsync`` of a directory returns once everything closed in it before is
+    on the server, also files whose RELEASE the kernel still held when it was called."""
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, "--staging-dir",
+                   str(tmp_path / "staging"))
+    opened = written_open(mnt.path / "d", 200)
+    directory = os.open(mnt.path / "d", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with daemon_stopped(mnt):
+            close_while_stopped(opened)
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    stored = Path(s3_catalog.server.env["VGW_DATA"]) / "test" / s3_catalog.url.split("/")[3] / "d"
+    assert {p.name: p.read_bytes() for p in stored.iterdir()} == {
+        name: data for name, (_fd, data) in opened.items()}
+
+
+def test_files_closed_without_a_flush_are_uploaded_by_an_unmount_right_after(
+        s3_catalog, mount_fs, tmp_path):
+    """Promise: after unmount, the server holds every file closed before it. The kernel may
+    end the session with the RELEASEs of files closed without a FLUSH still unsent: the
+    daemon's shutdown uploads what is still open too."""
+    mnt = mount_fs(s3_catalog.url, *s3_catalog.options, *ASYNC, "--staging-dir",
+                   str(tmp_path / "staging"))
+    opened = written_open(mnt.path / "d", 200)
+    with daemon_stopped(mnt) as pid:
+        close_while_stopped(opened)
+        subprocess.run(["fusermount3", "-u", str(mnt.path)], check=True, timeout=30)
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), timeout=120)
+    held = on_server(mount_fs, s3_catalog, tmp_path)
+    assert {k: v for k, v in held.items() if k.startswith("d/")} == {
+        f"d/{name}": data for name, (_fd, data) in opened.items()}
+    assert journal_records(tmp_path / "staging") == []
 
 
 def test_kill_9_right_after_cp_loses_nothing(catalog, mount_fs, tmp_path):

@@ -277,7 +277,7 @@ def test_an_async_close_of_a_small_file_accounts_for_it_once_and_its_upload_free
         tmp_path, durable):
     """Promise (async write-back): once a ``close`` returned, the journal accounts for the
     content, so a next mount would upload it. With ``--durable fsync`` (the default) the
-    record the first write made does, naming the arena slot that holds the content: the close
+    record made with the file does, naming the arena slot that holds the content: the close
     copies nothing (a read and a write per file). With ``--durable close`` the content is
     copied into the journal with its record, which is synced. Either way the upload frees
     what held the content."""

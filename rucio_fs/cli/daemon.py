@@ -598,6 +598,8 @@ def _control_handler(ops: RucioFs, stats: Stats, req: MountRequest) -> control.H
             if message.get("discard") and ops.identities is not None:
                 raise InvalidInput("a per-user mount's pending files are each user's own: "
                                    "--discard is not offered there")
+            if message.get("wait"):
+                await ops.closes_arrived()  # (files closed without a FLUSH: see create)
             # A per-user mount: every user's write-back, its files named with the uid.
             result: dict[str, list] = {
                 "pending": [], "queued": [], "dropped": [], "failed": [],

@@ -27,13 +27,14 @@ Contract:
   names is removed.
 * With ``--write-back async`` (:attr:`WriteBack.asynchronous`), ``close`` returns once the
   content and its record are written (a daemon's crash loses neither) and the upload is
-  queued (:mod:`rucio_fs.write.write_queue`); with ``--durable close`` also once both are
-  durable (up to :data:`INLINE_MAX`: both in the journal, one ``fdatasync``; larger: the
-  staging file and the journal). ``mkdir``, ``unlink`` and ``rmdir`` are journaled and
-  queued the same way (not synced: like a local file system's, they are durable after an
-  ``fsync`` of their directory), and the mount shows the queued state at once (the overlay).
-  ``fsync`` of a file waits for its upload, of a directory for every op below it, and unmount
-  for all.
+  queued (:mod:`rucio_fs.write.write_queue`; the close of a file the mount created may reach
+  the daemon only as the RELEASE after it, which queues it: see ``RucioFs.create``); with
+  ``--durable close`` also once both are durable (up to :data:`INLINE_MAX`: both in the
+  journal, one ``fdatasync``; larger: the staging file and the journal). ``mkdir``,
+  ``unlink`` and ``rmdir`` are journaled and queued the same way (not synced: like a local
+  file system's, they are durable after an ``fsync`` of their directory), and the mount
+  shows the queued state at once (the overlay). ``fsync`` of a file waits for its upload,
+  of a directory for every op below it, and unmount for all.
 
 Why one module of this size: a :class:`DirtyFile` and its :class:`WriteBack` keep one
 invariant together (a staged file, its journal record and its upload change only in step),
@@ -1066,8 +1067,8 @@ class WriteBack:
                 and not dirty.kernel_writers):
             # The content goes into the journal with its record: one fdatasync, of a
             # preallocated file (no file-system journal commit), instead of two. (Without
-            # a sync, the record the first write made already covers the content where it
-            # is: copying it would cost the close a read and a write for nothing.)
+            # a sync, the record made before its first byte already covers the content
+            # where it is: copying it would cost the close a read and a write for nothing.)
             dirty.record(again=True, inline=dirty._read_range(0, dirty.size))
             self.journal.sync()
             dirty.park()
@@ -1617,7 +1618,15 @@ class WriteBack:
 
     async def shutdown(self) -> None:
         """At unmount: carry out what is queued (one try each) and one last try for
-        everything dirty; keep (with its record) what fails, for the next mount."""
+        everything dirty; keep (with its record) what fails, for the next mount. A file
+        still open (the kernel may end the session with the RELEASE of a file closed without
+        a FLUSH unsent) is queued first, so all go at once."""
+        if self.asynchronous:
+            for dirty in list(self.files.values()):
+                if (dirty.op is None and dirty.dirty and not dirty.unlinked
+                        and not self.queue.full):
+                    with contextlib.suppress(RucioFsError):  # (left to the last try below)
+                        await self.stage(dirty)
         if self.queue.ops:
             log.info("unmount: %d queued change(s) to carry out", len(self.queue.ops))
             async with trio.open_nursery() as nursery:
