@@ -101,14 +101,12 @@ def fuse_op(fn: F) -> F:
         recorder = self.recorder
         start = time.perf_counter_ns() if TIMING or recorder is not None else 0
         code = 0
-        number = self.requests_started = self.requests_started + 1
         self.requests_running += 1
         op.begin()
         try:
             if self.identities is not None and not (
                     name == "statfs" or (name == "getattr" and args[0] == ROOT_INO)):
                 _serving.set(await self._caller_catalog(args))
-            self.request_number = number  # (the handler reads it before its first await)
             return await fn(self, *args)
         except pyfuse3.FUSEError as exc:
             code = exc.errno
@@ -251,15 +249,11 @@ class RucioFs(pyfuse3.Operations):
             self.flush = self.fsync = _not_implemented  # type: ignore[method-assign,assignment]
         if writeback is not None:
             self.attach(writeback)
-        #: FUSE requests being answered, how many were started (a request's number is
-        #: their count when it started), the number of the one whose handler runs now, and
-        #: when the last one ended (time.monotonic).
+        #: FUSE requests being answered, and when the last one ended (time.monotonic).
         self.requests_running = 0
-        self.requests_started = 0
-        self.request_number = 0
         self.last_request_end = 0.0
-        #: The RELEASE requests being answered (their numbers, oldest first).
-        self._releases: dict[int, None] = {}
+        #: One token per RELEASE being answered.
+        self._releasing: set[object] = set()
         self._channel: select.poll | None = None
         #: Where background work (read-ahead, checksum hashing) runs; set by the daemon.
         self.nursery: trio.Nursery | None = None
@@ -679,12 +673,12 @@ class RucioFs(pyfuse3.Operations):
 
     @fuse_op
     async def release(self, fh: int) -> None:
-        number = self.request_number
-        self._releases[number] = None
+        answering = object()  # (a handle number may be given again before this ends)
+        self._releasing.add(answering)
         try:
             await self._release(fh)
         finally:
-            del self._releases[number]
+            self._releasing.discard(answering)
 
     async def _release(self, fh: int) -> None:
         handle = self._files.pop(fh)
@@ -1042,21 +1036,24 @@ class RucioFs(pyfuse3.Operations):
         :data:`CLOSES_LOOKS` looks."""
         if not NO_FLUSH:
             return
-        channel = self._channel
         for _look in range(CLOSES_LOOKS):
-            if channel is not None and channel.poll(0):
+            if self._requests_unread():
                 await trio.sleep(CLOSES_POLL)
                 continue
-            mark = self.requests_started
-            while self._releases and next(iter(self._releases)) <= mark:
+            read = set(self._releasing)
+            while read & self._releasing:
                 await trio.sleep(CLOSES_POLL)
-            if channel is None or not channel.poll(0):
+            if not self._requests_unread():
                 return
+
+    def _requests_unread(self) -> bool:
+        """Whether the kernel holds a request this daemon has not read yet."""
+        return self._channel is not None and bool(self._channel.poll(0))
 
     def _quiet_for(self) -> float:
         """Seconds since the last FUSE request ended; 0 while one is being answered or the
         kernel holds one unread (the daemon busy elsewhere must not look quiet)."""
-        if self.requests_running or (self._channel is not None and self._channel.poll(0)):
+        if self.requests_running or self._requests_unread():
             return 0.0
         return time.monotonic() - self.last_request_end
 
